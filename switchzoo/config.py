@@ -1,0 +1,53 @@
+"""Model hyper-parameters as frozen dataclasses (the catalogue in models/ fills them in)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+    """A Switch feed-forward layer: routing, capacity, losses (Switch Transformer, sec. 2)."""
+    num_experts: int = 8
+    top_k: int = 1                       # 1: Switch; 2: GShard top-2
+    normalize_top_k: bool = True         # top-k gates renormalised to sum to one (k > 1)
+    group_size: int = 1024               # tokens routed together; bounds the dispatch tensor
+    train_capacity_factor: float = 1.25
+    eval_capacity_factor: float = 2.0
+    min_capacity: int = 4
+    jitter: float = 0.0                  # multiplicative router-input noise in training (0.01)
+    expert_dropout: float = 0.0          # dropout inside the experts (Switch fine-tuning: 0.4)
+    aux_loss_weight: float = 0.01        # Switch eq. 4 alpha
+    z_loss_weight: float = 0.001         # router z-loss (ST-MoE)
+    sparse_every: int = 2                # FFN i is sparse when i % sparse_every == sparse_every-1
+    sparse_layers: tuple[int, ...] | None = None   # explicit list; overrides sparse_every
+
+    def capacity(self, group_size: int, train: bool) -> int:
+        """Slots per expert per group: ceil(k * N * factor / E), at least min_capacity."""
+        factor = self.train_capacity_factor if train else self.eval_capacity_factor
+        c = math.ceil(self.top_k * group_size * factor / self.num_experts)
+        return max(c, self.min_capacity)
+
+    def is_sparse(self, layer: int) -> bool:
+        if self.sparse_layers is not None:
+            return layer in self.sparse_layers
+        return layer % self.sparse_every == self.sparse_every - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    d_model: int
+    num_heads: int
+    d_kv: int
+    d_ff: int
+    num_layers: int                      # decoder layers
+    dropout: float = 0.0
+    relpos_buckets: int = 32
+    relpos_max_distance: int = 128
+    tie_embeddings: bool = True          # tied output layer, logits scaled by d_model**-0.5
+    dtype: str = "float32"               # activation dtype; params and router stay float32
+    moe: MoeConfig | None = None
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)

@@ -1,0 +1,39 @@
+"""The dimension vocabulary: one table of logical dimension names.
+
+Every parameter annotation, activation constraint, einsum string and layout string uses these
+names (Mesh-TensorFlow's, so the papers' layout strings run as written). The letter is the one
+used in variable suffixes (``x_BLD``) and einsum subscripts.
+"""
+
+VOCABULARY: dict[str, tuple[str, str]] = {
+    # name: (letter, meaning)
+    "batch": ("B", "examples (sequences)"),
+    "length": ("L", "positions in a sequence"),
+    "d_model": ("D", "model width"),
+    "heads": ("H", "attention heads"),
+    "d_kv": ("K", "width of one head"),
+    "d_ff": ("F", "feed-forward hidden width (dense and inside each expert)"),
+    "vocab": ("V", "vocabulary"),
+    "experts": ("E", "experts of one MoE layer"),
+    "expert_capacity": ("C", "slots per expert per group"),
+    "groups": ("G", "routing groups (tokens are routed within a group)"),
+    "group_size": ("N", "tokens per group"),
+    "relpos_buckets": ("R", "relative-position buckets"),
+}
+
+NAMES = tuple(VOCABULARY)
+LETTERS = {name: letter for name, (letter, _) in VOCABULARY.items()}
+
+# Activations whose layout is not given explicitly follow another dimension's: routing groups
+# are slices of the batch, so they are split the way the batch is.
+ALIASES = {"groups": "batch"}
+
+
+def check(dims: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """Returns ``dims`` if every name is in the vocabulary, else raises naming ``what``."""
+    unknown = [d for d in dims if d not in VOCABULARY]
+    if unknown:
+        raise ValueError(
+            f"{what}: unknown dimension name(s) {unknown}; use names from switchzoo.dims "
+            f"({', '.join(NAMES)})")
+    return tuple(dims)

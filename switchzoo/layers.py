@@ -1,0 +1,137 @@
+"""Named-dimension building blocks: embeddings, RMSNorm, T5 attention with relative-position
+bias, the dense ReLU MLP. Every parameter carries ``dims`` metadata from switchzoo.dims; key
+activations are pinned with ``layout.constrain``. Shapes live in the suffixes (``x_BLD``)."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from switchzoo import dims as dims_lib
+from switchzoo.layout import constrain
+
+NEG_INF = -1e9
+
+
+def param(rngs: nnx.Rngs, std: float, shape, dims, dtype=jnp.float32) -> nnx.Param:
+    """A normal(0, std) parameter annotated with its logical dims."""
+    value = std * jax.random.normal(rngs.params(), shape, dtype)
+    return nnx.Param(value, dims=dims_lib.check(tuple(dims), f"parameter {shape}"))
+
+
+def dropout(x, rate: float, rng):
+    """Inverted dropout; identity when ``rng`` is None (evaluation) or ``rate`` is 0."""
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+def split(rng, n: int):
+    return [None] * n if rng is None else list(jax.random.split(rng, n))
+
+
+class Embed(nnx.Module):
+    def __init__(self, vocab: int, d_model: int, rngs: nnx.Rngs):
+        self.embedding = param(rngs, 1.0, (vocab, d_model), ("vocab", "d_model"))
+
+    def __call__(self, ids_BL, dtype):
+        x_BLD = jnp.take(self.embedding[...], ids_BL, axis=0).astype(dtype)
+        return constrain(x_BLD, ("batch", "length", "d_model"))
+
+    def attend(self, x_BLD):
+        """Logits through the transposed embedding (tied output layer)."""
+        logits_BLV = jnp.einsum("BLD,VD->BLV", x_BLD, self.embedding[...].astype(x_BLD.dtype))
+        return constrain(logits_BLV, ("batch", "length", "vocab"))
+
+
+class RMSNorm(nnx.Module):
+    """T5 layer norm: scale only, no mean subtraction, no bias; computed in float32."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6):
+        self.scale = nnx.Param(jnp.ones((d_model,), jnp.float32), dims=("d_model",))
+        self.eps = eps
+
+    def __call__(self, x_BLD):
+        x = x_BLD.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return (x * self.scale[...]).astype(x_BLD.dtype)
+
+
+def relpos_bucket(rel_BTS, bidirectional: bool, num_buckets: int, max_distance: int):
+    """T5's bucketing of key_pos - query_pos: exact for small offsets, log-spaced beyond."""
+    n = -rel_BTS
+    buckets = 0
+    if bidirectional:
+        num_buckets //= 2
+        buckets = (n < 0).astype(jnp.int32) * num_buckets
+        n = jnp.abs(n)
+    else:
+        n = jnp.maximum(n, 0)
+    exact = num_buckets // 2
+    is_small = n < exact
+    log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact) / math.log(max_distance / exact)
+    large = exact + (log_ratio * (num_buckets - exact)).astype(jnp.int32)
+    large = jnp.minimum(large, num_buckets - 1)
+    return buckets + jnp.where(is_small, n, large)
+
+
+class RelativePositionBias(nnx.Module):
+    """One learned scalar per (bucket, head), shared by all layers of a stack."""
+
+    def __init__(self, num_buckets: int, max_distance: int, heads: int, bidirectional: bool,
+                 rngs: nnx.Rngs):
+        self.embedding = param(rngs, 1.0, (num_buckets, heads), ("relpos_buckets", "heads"))
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.bidirectional = bidirectional
+
+    def __call__(self, q_pos_BT, k_pos_BS):
+        rel_BTS = k_pos_BS[:, None, :] - q_pos_BT[:, :, None]
+        bucket_BTS = relpos_bucket(rel_BTS, self.bidirectional, self.num_buckets,
+                                   self.max_distance)
+        bias_BTSH = jnp.take(self.embedding[...], bucket_BTS, axis=0)
+        return jnp.transpose(bias_BTSH, (0, 3, 1, 2))     # [B, H, T, S]
+
+
+class Attention(nnx.Module):
+    """Multi-head attention without biases or 1/sqrt(d_kv) (T5 folds it into the init)."""
+
+    def __init__(self, d_model: int, heads: int, d_kv: int, rngs: nnx.Rngs):
+        self.q = param(rngs, (d_model * d_kv) ** -0.5, (d_model, heads, d_kv),
+                       ("d_model", "heads", "d_kv"))
+        self.k = param(rngs, d_model ** -0.5, (d_model, heads, d_kv), ("d_model", "heads", "d_kv"))
+        self.v = param(rngs, d_model ** -0.5, (d_model, heads, d_kv), ("d_model", "heads", "d_kv"))
+        self.o = param(rngs, (heads * d_kv) ** -0.5, (heads, d_kv, d_model),
+                       ("heads", "d_kv", "d_model"))
+
+    def __call__(self, x_BTD, kv_BSD, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None):
+        dt = x_BTD.dtype
+        q_BTHK = jnp.einsum("BTD,DHK->BTHK", x_BTD, self.q[...].astype(dt))
+        k_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.k[...].astype(dt))
+        v_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.v[...].astype(dt))
+        q_BTHK = constrain(q_BTHK, ("batch", "length", "heads", "d_kv"))
+        k_BSHK = constrain(k_BSHK, ("batch", "length", "heads", "d_kv"))
+        v_BSHK = constrain(v_BSHK, ("batch", "length", "heads", "d_kv"))
+        s_BHTS = jnp.einsum("BTHK,BSHK->BHTS", q_BTHK, k_BSHK).astype(jnp.float32)
+        s_BHTS = s_BHTS + bias_BHTS + jnp.where(mask_BTS[:, None], 0.0, NEG_INF)
+        p_BHTS = dropout(jax.nn.softmax(s_BHTS, axis=-1).astype(dt), rate, rng)
+        out_BTHK = jnp.einsum("BHTS,BSHK->BTHK", p_BHTS, v_BSHK)
+        out_BTD = jnp.einsum("BTHK,HKD->BTD", out_BTHK, self.o[...].astype(dt))
+        return constrain(out_BTD, ("batch", "length", "d_model"))
+
+
+class Mlp(nnx.Module):
+    """Dense ReLU feed-forward block."""
+
+    def __init__(self, d_model: int, d_ff: int, rngs: nnx.Rngs):
+        self.wi = param(rngs, d_model ** -0.5, (d_model, d_ff), ("d_model", "d_ff"))
+        self.wo = param(rngs, d_ff ** -0.5, (d_ff, d_model), ("d_ff", "d_model"))
+
+    def __call__(self, x_BLD, rate: float = 0.0, rng=None):
+        dt = x_BLD.dtype
+        h_BLF = jax.nn.relu(jnp.einsum("BLD,DF->BLF", x_BLD, self.wi[...].astype(dt)))
+        h_BLF = dropout(constrain(h_BLF, ("batch", "length", "d_ff")), rate, rng)
+        y_BLD = jnp.einsum("BLF,FD->BLD", h_BLF, self.wo[...].astype(dt))
+        return constrain(y_BLD, ("batch", "length", "d_model")), {}

@@ -1,0 +1,61 @@
+"""The Switch feed-forward layer: route tokens within groups, dispatch them to experts by einsum,
+run each expert's ReLU MLP, combine. With the experts dim laid out over a mesh axis, the
+dispatch and combine einsums compile to all-to-all (tokens move; expert weights stay put)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from switchzoo.config import MoeConfig
+from switchzoo.layers import dropout, param, split
+from switchzoo.layout import LayoutError, constrain
+from switchzoo.routing import Router, route
+
+
+def num_groups(num_tokens: int, group_size: int) -> int:
+    """Groups of ``group_size`` tokens; a batch smaller than one group is a single group."""
+    size = min(group_size, num_tokens)
+    if num_tokens % size:
+        raise LayoutError(f"MoE routing: {num_tokens} tokens per batch do not split into groups of "
+                          f"{size}; make batch*length a multiple of moe.group_size")
+    return num_tokens // size
+
+
+class SwitchFFN(nnx.Module):
+    def __init__(self, d_model: int, d_ff: int, cfg: MoeConfig, rngs: nnx.Rngs):
+        E = cfg.num_experts
+        self.cfg = cfg
+        self.router = Router(d_model, E, rngs)
+        self.wi = param(rngs, d_model ** -0.5, (E, d_model, d_ff), ("experts", "d_model", "d_ff"))
+        self.wo = param(rngs, d_ff ** -0.5, (E, d_ff, d_model), ("experts", "d_ff", "d_model"))
+
+    def __call__(self, x_BLD, rate: float = 0.0, rng=None):
+        """Returns y_BLD (zero for dropped tokens) and the routing losses and metrics.
+
+        ``rng`` None means evaluation: no jitter, no dropout, the eval capacity factor.
+        """
+        cfg, dt = self.cfg, x_BLD.dtype
+        train = rng is not None
+        B, L, D = x_BLD.shape
+        G = num_groups(B * L, cfg.group_size)
+        N = B * L // G
+        C = cfg.capacity(N, train)
+        jitter_rng, drop_rng = split(rng, 2)
+
+        x_GND = constrain(x_BLD.reshape(G, N, D), ("groups", "group_size", "d_model"))
+        r = route(self.router(x_GND, cfg.jitter, jitter_rng), cfg.top_k, C, cfg.normalize_top_k)
+        dispatch_GNEC = r.dispatch_GNEC.astype(dt)
+        combine_GNEC = r.combine_GNEC.astype(dt)
+
+        x_EGCD = jnp.einsum("GND,GNEC->EGCD", x_GND, dispatch_GNEC)
+        x_EGCD = constrain(x_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
+        h_EGCF = jax.nn.relu(jnp.einsum("EGCD,EDF->EGCF", x_EGCD, self.wi[...].astype(dt)))
+        h_EGCF = constrain(h_EGCF, ("experts", "groups", "expert_capacity", "d_ff"))
+        h_EGCF = dropout(h_EGCF, cfg.expert_dropout, drop_rng)
+        y_EGCD = jnp.einsum("EGCF,EFD->EGCD", h_EGCF, self.wo[...].astype(dt))
+        y_EGCD = constrain(y_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
+        y_GND = jnp.einsum("EGCD,GNEC->GND", y_EGCD, combine_GNEC)
+        y_GND = constrain(y_GND, ("groups", "group_size", "d_model"))
+        stats = {"aux_loss": r.aux_loss, "z_loss": r.z_loss, **r.metrics}
+        return y_GND.reshape(B, L, D), stats

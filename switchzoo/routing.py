@@ -1,0 +1,72 @@
+"""Tokens-choose top-k routing (Switch k=1, GShard k=2) within groups, in float32.
+
+Shapes: G routing groups, N tokens per group, E experts, K choices per token, C slots per expert.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from switchzoo.layers import param
+
+
+class Routing(NamedTuple):
+    dispatch_GNEC: jax.Array      # 1 where token n goes to slot c of expert e
+    combine_GNEC: jax.Array       # its gate (0 for dropped tokens)
+    aux_loss: jax.Array           # Switch eq. 4, unweighted (1.0 at perfect balance)
+    z_loss: jax.Array             # mean squared log-partition of the router logits
+    metrics: dict                 # dropped_fraction, expert_load [E], router_confidence
+
+
+class Router(nnx.Module):
+    """Linear router computed in float32 whatever the activation dtype (selective precision)."""
+
+    def __init__(self, d_model: int, num_experts: int, rngs: nnx.Rngs):
+        self.w = param(rngs, (0.1 / d_model) ** 0.5, (d_model, num_experts), ("d_model", "experts"))
+
+    def __call__(self, x_GND, jitter: float = 0.0, rng=None):
+        x = x_GND.astype(jnp.float32)
+        if rng is not None and jitter > 0:
+            x = x * jax.random.uniform(rng, x.shape, jnp.float32, 1.0 - jitter, 1.0 + jitter)
+        return jnp.einsum("GND,DE->GNE", x, self.w[...])
+
+
+def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True) -> Routing:
+    """Picks each token's top-k experts and gives it a slot while the expert has room.
+
+    Priority is by choice, then position: every token's first choice is served (in position
+    order) before any second choice, as in GShard. Tokens past capacity are dropped: they get no
+    slot, the layer outputs zero for them and the residual connection carries them.
+    """
+    logits_GNE = logits_GNE.astype(jnp.float32)
+    G, N, E = logits_GNE.shape
+    probs_GNE = jax.nn.softmax(logits_GNE, axis=-1)
+    gates_GNK, index_GNK = jax.lax.top_k(probs_GNE, top_k)
+    if normalize and top_k > 1:
+        gates_GNK = gates_GNK / jnp.sum(gates_GNK, axis=-1, keepdims=True)
+    mask_GNKE = jax.nn.one_hot(index_GNK, E, dtype=jnp.float32)
+
+    # Slot = how many earlier (choice, position) pairs chose the same expert.
+    mask_GXE = jnp.swapaxes(mask_GNKE, 1, 2).reshape(G, top_k * N, E)
+    slot_GXE = jnp.cumsum(mask_GXE, axis=1) - 1.0
+    slot_GNKE = jnp.swapaxes(slot_GXE.reshape(G, top_k, N, E), 1, 2)
+    keep_GNKE = mask_GNKE * (slot_GNKE < capacity)
+    slot_GNK = jnp.sum(slot_GNKE * mask_GNKE, axis=-1).astype(jnp.int32)
+    onehot_GNKC = jax.nn.one_hot(slot_GNK, capacity, dtype=jnp.float32)
+    dispatch_GNEC = jnp.einsum("GNKE,GNKC->GNEC", keep_GNKE, onehot_GNKC)
+    combine_GNEC = jnp.einsum("GNK,GNKE,GNKC->GNEC", gates_GNK, keep_GNKE, onehot_GNKC)
+
+    chosen_GNE = jnp.max(mask_GNKE, axis=2)
+    fraction_GE = jnp.mean(chosen_GNE, axis=1)
+    prob_GE = jnp.mean(probs_GNE, axis=1)
+    aux_loss = jnp.mean(jnp.sum(fraction_GE * prob_GE, axis=-1)) * E
+    z_loss = jnp.mean(jnp.square(jax.nn.logsumexp(logits_GNE, axis=-1)))
+    metrics = {
+        "dropped_fraction": 1.0 - jnp.sum(keep_GNKE) / jnp.sum(mask_GNKE),
+        "expert_load": jnp.mean(mask_GNKE, axis=(0, 1, 2)),
+        "router_confidence": jnp.mean(jnp.max(probs_GNE, axis=-1)),
+    }
+    return Routing(dispatch_GNEC, combine_GNEC, aux_loss, z_loss, metrics)

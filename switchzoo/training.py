@@ -1,0 +1,179 @@
+"""Train state, the sharded train step, and a short training loop.
+
+Shardings come from one place: eval_shape -> each Variable's ``dims`` -> layout -> jit(init).
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from switchzoo import layout as layout_lib
+from switchzoo import transformer
+from switchzoo.config import ModelConfig
+
+
+class TrainState(NamedTuple):
+    step: jax.Array
+    params: nnx.State
+    opt_state: optax.OptState
+
+
+def make_optimizer(name: str = "adamw", learning_rate: float = 1e-3, warmup_steps: int = 100,
+                   weight_decay: float = 0.0) -> optax.GradientTransformation:
+    """AdamW or Adafactor under the T5 schedule: linear warmup, then rsqrt decay."""
+    def schedule(step):
+        step = jnp.maximum(step, 1).astype(jnp.float32)
+        return learning_rate * jnp.minimum(step / max(warmup_steps, 1),
+                                           jnp.sqrt(max(warmup_steps, 1) / step))
+    if name == "adamw":
+        return optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=weight_decay)
+    if name == "adafactor":
+        return optax.adafactor(schedule)
+    raise ValueError(f"unknown optimizer '{name}'; use 'adamw' or 'adafactor'")
+
+
+def _key(k):
+    return getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))
+
+
+def param_dims(cfg: ModelConfig, seed: int = 0):
+    """(abstract params as a pure dict, {path tuple: dims}) from the model's annotations."""
+    model = nnx.eval_shape(lambda: transformer.build(cfg, seed))
+    _, state = nnx.split(model)
+    dims = {tuple(map(_key, path)): v.get_metadata()["dims"]
+            for path, v in nnx.to_flat_state(state)}
+    return state.to_pure_dict(), dims
+
+
+def tree_shardings(layout: layout_lib.Layout, tree, dims: dict):
+    """NamedSharding per leaf of ``tree`` (params, optimizer state, or a whole TrainState).
+
+    A leaf whose key path ends with a parameter's path and has the parameter's rank follows
+    that parameter's dims (so Adam moments shard like their weights); the rest is replicated.
+    """
+    def one(path, leaf):
+        keys = tuple(map(_key, path))
+        for start in range(len(keys)):
+            d = dims.get(keys[start:])
+            if d is not None and len(d) == len(leaf.shape):
+                return layout.sharding(d, leaf.shape, "/".join(map(str, keys[start:])))
+        return layout.replicated()
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def abstract_state(cfg: ModelConfig, tx, seed: int = 0):
+    """(graphdef, TrainState of ShapeDtypeStructs, dims) without allocating anything."""
+    model = nnx.eval_shape(lambda: transformer.build(cfg, seed))
+    graphdef, _ = nnx.split(model)
+    params, dims = param_dims(cfg, seed)
+    opt_state = jax.eval_shape(tx.init, params)
+    return graphdef, TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, opt_state), dims
+
+
+def init_state(cfg: ModelConfig, tx, layout: layout_lib.Layout, seed: int = 0):
+    """Initialises the state directly into its shardings. Returns (graphdef, state, shardings)."""
+    graphdef, abstract, dims = abstract_state(cfg, tx, seed)
+    shardings = tree_shardings(layout, abstract, dims)
+
+    def init():
+        params = nnx.state(transformer.build(cfg, seed)).to_pure_dict()
+        return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    return graphdef, jax.jit(init, out_shardings=shardings)(), shardings
+
+
+def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: float = 0.0):
+    """Cross-entropy (with optional label smoothing) + weighted aux and z losses."""
+    targets_BL, weights_BL = batch["targets"], batch["weights"].astype(jnp.float32)
+    V = logits_BLV.shape[-1]
+    onehot_BLV = jax.nn.one_hot(targets_BL, V, dtype=jnp.float32)
+    if label_smoothing:
+        onehot_BLV = onehot_BLV * (1 - label_smoothing) + label_smoothing / V
+    ce_BL = -jnp.sum(onehot_BLV * jax.nn.log_softmax(logits_BLV, axis=-1), axis=-1)
+    tokens = jnp.maximum(jnp.sum(weights_BL), 1.0)
+    ce = jnp.sum(ce_BL * weights_BL) / tokens
+    loss = ce
+    if cfg.moe is not None:
+        loss = loss + cfg.moe.aux_loss_weight * aux["aux_loss"] + cfg.moe.z_loss_weight * aux["z_loss"]
+    accuracy = jnp.sum((jnp.argmax(logits_BLV, -1) == targets_BL) * weights_BL) / tokens
+    return loss, {"loss": loss, "cross_entropy": ce, "accuracy": accuracy, "tokens": tokens, **aux}
+
+
+def make_loss_fn(graphdef, cfg: ModelConfig, layout: layout_lib.Layout, seed: int = 0,
+                 label_smoothing: float = 0.0):
+    """loss_fn(params, batch, step) -> (loss, metrics); dropout/jitter keys derive from step."""
+    def loss_fn(params, batch, step):
+        rng = jax.random.fold_in(jax.random.key(seed + 1), step)
+        model = nnx.merge(graphdef, params)
+        with layout_lib.use(layout):
+            logits, aux = model(batch["inputs"], positions_BL=batch.get("positions"),
+                                segments_BL=batch.get("segments"), rng=rng)
+        return lm_objective(logits, batch, aux, cfg, label_smoothing)
+    return loss_fn
+
+
+def make_train_step(graphdef, cfg: ModelConfig, tx, layout: layout_lib.Layout, shardings,
+                    seed: int = 0, label_smoothing: float = 0.0):
+    """The one jitted step: loss, gradients, optimizer update. The state is donated."""
+    loss_fn = make_loss_fn(graphdef, cfg, layout, seed, label_smoothing)
+
+    def train_step(state: TrainState, batch):
+        grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, batch, state.step)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        return TrainState(state.step + 1, params, opt_state), metrics
+
+    return jax.jit(train_step, in_shardings=(shardings, batch_shardings(layout)),
+                   out_shardings=(shardings, layout.replicated()), donate_argnums=0)
+
+
+def batch_shardings(layout: layout_lib.Layout):
+    """Every batch field is [batch, length]."""
+    return layout.sharding(("batch", "length"), strict=False)
+
+
+def train(config, workdir: str | None = None, batches=None, print_fn=print) -> list[dict]:
+    """A short training run; returns the logged metrics (also written to metrics.jsonl)."""
+    from switchzoo import data, zoo
+    cfg = zoo.get(config.model)
+    preset = layout_lib.presets().get(config.layout)
+    mesh = layout_lib.make_mesh(config.mesh or (preset.mesh if preset else "data:-1"))
+    layout = layout_lib.Layout.create(config.layout, mesh)
+    tx = make_optimizer(config.optimizer, config.learning_rate, config.warmup_steps)
+    graphdef, state, shardings = init_state(cfg, tx, layout, config.seed)
+    step_fn = make_train_step(graphdef, cfg, tx, layout, shardings, config.seed)
+    batch_size = config.per_device_batch_size * jax.device_count()
+    if batches is None:
+        batches = data.byte_lm_batches(batch_size, config.max_length, config.seed)
+    out = pathlib.Path(workdir) if workdir else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    print_fn(f"model {config.model}: {sum(x.size for x in jax.tree.leaves(state.params)):,} "
+             f"params | mesh {dict(mesh.shape)} | layout {layout.text}")
+    logged, start = [], time.perf_counter()
+    for step in range(1, config.num_train_steps + 1):
+        state, metrics = step_fn(state, next(batches))
+        if step % config.log_every_steps == 0 or step == config.num_train_steps:
+            m = jax.device_get(metrics)
+            elapsed = time.perf_counter() - start
+            row = {"step": step, "loss": float(m["loss"]), "cross_entropy": float(m["cross_entropy"]),
+                   "aux_loss": float(m["aux_loss"]), "z_loss": float(m["z_loss"]),
+                   "tokens_per_sec": float(m["tokens"]) * config.log_every_steps / elapsed}
+            if "dropped_fraction" in m:
+                row["dropped_fraction"] = np.asarray(m["dropped_fraction"]).round(4).tolist()
+                row["expert_load"] = np.asarray(m["expert_load"]).round(4).tolist()
+            logged.append(row)
+            print_fn(f"step {step:5d}  loss {row['loss']:.4f}  ce {row['cross_entropy']:.4f}  "
+                     f"aux {row['aux_loss']:.3f}  {row['tokens_per_sec']:,.0f} tok/s")
+            if out:
+                with open(out / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+            start = time.perf_counter()
+    return logged
