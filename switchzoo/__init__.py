@@ -1,5 +1,13 @@
 """switchzoo: Switch-MoE Transformers with named dimensions on JAX / Flax NNX."""
-from switchzoo import dims, layout, zoo
+import importlib
+
 from switchzoo.config import ModelConfig, MoeConfig
 
-__all__ = ["dims", "layout", "zoo", "ModelConfig", "MoeConfig"]
+__all__ = ["ModelConfig", "MoeConfig", "dims", "layout", "zoo", "training"]
+
+
+def __getattr__(name):
+    # Submodules load on first use, so `python -m switchzoo.layout` runs without a warning.
+    if name in __all__:
+        return importlib.import_module(f"switchzoo.{name}")
+    raise AttributeError(f"module 'switchzoo' has no attribute '{name}'")

@@ -30,8 +30,9 @@ ALIASES = {"groups": "batch"}
 
 
 def check(dims: tuple[str, ...], what: str) -> tuple[str, ...]:
-    """Returns ``dims`` if every name is in the vocabulary, else raises naming ``what``."""
-    unknown = [d for d in dims if d not in VOCABULARY]
+    """Returns ``dims`` if every name is in the vocabulary, else raises naming ``what``.
+    ``None`` marks an axis deliberately left unsharded (activations only)."""
+    unknown = [d for d in dims if d is not None and d not in VOCABULARY]
     if unknown:
         raise ValueError(
             f"{what}: unknown dimension name(s) {unknown}; use names from switchzoo.dims "

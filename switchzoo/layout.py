@@ -179,7 +179,9 @@ class Layout:
         text = layout_string(layout)
         return cls(parse_layout(text, tuple(mesh.axis_names)), mesh, text)
 
-    def _axes(self, dim: str) -> tuple[str, ...]:
+    def _axes(self, dim: str | None) -> tuple[str, ...]:
+        if dim is None:
+            return ()
         if dim in self.rules:
             return self.rules[dim]
         return self.rules.get(dims_lib.ALIASES.get(dim, ""), ())

@@ -44,17 +44,26 @@ class SwitchFFN(nnx.Module):
         jitter_rng, drop_rng = split(rng, 2)
 
         x_GND = constrain(x_BLD.reshape(G, N, D), ("groups", "group_size", "d_model"))
-        r = route(self.router(x_GND, cfg.jitter, jitter_rng), cfg.top_k, C, cfg.normalize_top_k)
-        dispatch_GNEC = r.dispatch_GNEC.astype(dt)
-        combine_GNEC = r.combine_GNEC.astype(dt)
+        # Routing is per token: keep it where the tokens are (the router weight is tiny).
+        logits_GNE = constrain(self.router(x_GND, cfg.jitter, jitter_rng),
+                               ("groups", "group_size", "experts"))
+        r = route(logits_GNE, cfg.top_k, C, cfg.normalize_top_k)
+        # Pin the routing masks to the tokens' devices, so the partitioner moves tokens (one
+        # all-to-all each way) rather than masks.
+        mask_dims = ("groups", "group_size", "experts", "expert_capacity")
+        dispatch_GNEC = constrain(r.dispatch_GNEC.astype(dt), mask_dims)
+        combine_GNEC = constrain(r.combine_GNEC.astype(dt), mask_dims)
 
+        # Dispatch where the tokens are, then move the expert dim onto its axis: all-to-all.
         x_EGCD = jnp.einsum("GND,GNEC->EGCD", x_GND, dispatch_GNEC)
+        x_EGCD = constrain(x_EGCD, (None, "groups", "expert_capacity", "d_model"))
         x_EGCD = constrain(x_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
         h_EGCF = jax.nn.relu(jnp.einsum("EGCD,EDF->EGCF", x_EGCD, self.wi[...].astype(dt)))
         h_EGCF = constrain(h_EGCF, ("experts", "groups", "expert_capacity", "d_ff"))
         h_EGCF = dropout(h_EGCF, cfg.expert_dropout, drop_rng)
         y_EGCD = jnp.einsum("EGCF,EFD->EGCD", h_EGCF, self.wo[...].astype(dt))
         y_EGCD = constrain(y_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
+        y_EGCD = constrain(y_EGCD, (None, "groups", "expert_capacity", "d_model"))
         y_GND = jnp.einsum("EGCD,GNEC->GND", y_EGCD, combine_GNEC)
         y_GND = constrain(y_GND, ("groups", "group_size", "d_model"))
         stats = {"aux_loss": r.aux_loss, "z_loss": r.z_loss, **r.metrics}

@@ -34,6 +34,18 @@ class Router(nnx.Module):
         return jnp.einsum("GND,DE->GNE", x, self.w[...])
 
 
+def _top_k(probs_GNE, k: int):
+    """Top-k by repeated argmax: partitions along groups, where lax.top_k gets all-gathered."""
+    gates, indices = [], []
+    for _ in range(k):
+        index_GN = jnp.argmax(probs_GNE, axis=-1)
+        gates.append(jnp.take_along_axis(probs_GNE, index_GN[..., None], axis=-1)[..., 0])
+        indices.append(index_GN)
+        probs_GNE = jnp.where(jax.nn.one_hot(index_GN, probs_GNE.shape[-1], dtype=bool),
+                              -1.0, probs_GNE)
+    return jnp.stack(gates, -1), jnp.stack(indices, -1).astype(jnp.int32)
+
+
 def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True) -> Routing:
     """Picks each token's top-k experts and gives it a slot while the expert has room.
 
@@ -44,7 +56,7 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True) -> Rout
     logits_GNE = logits_GNE.astype(jnp.float32)
     G, N, E = logits_GNE.shape
     probs_GNE = jax.nn.softmax(logits_GNE, axis=-1)
-    gates_GNK, index_GNK = jax.lax.top_k(probs_GNE, top_k)
+    gates_GNK, index_GNK = _top_k(probs_GNE, top_k)
     if normalize and top_k > 1:
         gates_GNK = gates_GNK / jnp.sum(gates_GNK, axis=-1, keepdims=True)
     mask_GNKE = jax.nn.one_hot(index_GNK, E, dtype=jnp.float32)

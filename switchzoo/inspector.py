@@ -1,0 +1,201 @@
+"""The layout inspector: where every tensor lives, what it costs per device, and which
+collectives the compiled train step runs. ``python -m switchzoo.layout --help``."""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import sys
+import time
+
+import jax
+import numpy as np
+
+from switchzoo import layout as layout_lib
+from switchzoo import training, zoo
+
+COLLECTIVES = ("all-to-all", "all-reduce", "all-gather", "reduce-scatter", "collective-permute")
+# An instruction is "%name = SHAPE op(operands)"; SHAPE may be a tuple with spaces in it.
+_OP = re.compile(r"\s(%s)(?:-start)?\(" % "|".join(COLLECTIVES))
+
+
+def count_collectives(hlo_text: str) -> dict[str, int]:
+    """Collective ops in compiled HLO text by kind (an async pair counts once, by its start)."""
+    counts = collections.Counter(m.group(1) for m in _OP.finditer(hlo_text))
+    return {kind: counts.get(kind, 0) for kind in COLLECTIVES}
+
+
+def _name(path) -> str:
+    return "/".join(str(training._key(k)) for k in path)
+
+
+def _bytes_per_device(tree, shardings) -> int:
+    sizes = jax.tree.map(lambda x, s: layout_lib.nbytes(s.shard_shape(x.shape), x.dtype),
+                         tree, shardings)
+    return int(sum(jax.tree.leaves(sizes)))
+
+
+def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
+            batch_size: int | None = None, length: int = 64, compile_step: bool = True) -> dict:
+    """The inspector's report (the --json object). Nothing is allocated: shapes are abstract."""
+    cfg = zoo.get(model)
+    mesh_obj = layout_lib.make_mesh(mesh)
+    lay = layout_lib.Layout.create(layout, mesh_obj)
+    tx = training.make_optimizer(optimizer)
+    graphdef, abstract, dims = training.abstract_state(cfg, tx)
+    shardings = training.tree_shardings(lay, abstract, dims)
+    tensors = []
+    flat, _ = jax.tree_util.tree_flatten_with_path(abstract.params)
+    flat_sh = jax.tree.leaves(shardings.params)
+    for (path, x), s in zip(flat, flat_sh):
+        local = s.shard_shape(x.shape)
+        tensors.append({"name": _name(path), "shape": list(x.shape),
+                        "dims": list(dims[tuple(map(training._key, path))]),
+                        "spec": [list(e) if isinstance(e, tuple) else e for e in s.spec],
+                        "per_device_shape": list(local),
+                        "per_device_bytes": layout_lib.nbytes(local, x.dtype)})
+    report = {
+        "devices": int(mesh_obj.size),
+        "mesh": {k: int(v) for k, v in mesh_obj.shape.items()},
+        "layout": lay.text,
+        "model": model,
+        "params_bytes_total": int(sum(layout_lib.nbytes(x.shape, x.dtype)
+                                      for x in jax.tree.leaves(abstract.params))),
+        "params_bytes_per_device_max": _bytes_per_device(abstract.params, shardings.params),
+        "opt_bytes_per_device_max": _bytes_per_device(abstract.opt_state, shardings.opt_state),
+        "tensors": tensors,
+    }
+    if compile_step:
+        batch_size = batch_size or 2 * mesh_obj.size
+        step = training.make_train_step(graphdef, cfg, tx, lay, shardings)
+        batch = {k: jax.ShapeDtypeStruct((batch_size, length), dt) for k, dt in
+                 (("inputs", np.int32), ("targets", np.int32), ("weights", np.float32))}
+        start = time.perf_counter()
+        compiled = step.lower(abstract, batch).compile()
+        report["compile_seconds"] = round(time.perf_counter() - start, 2)
+        report["collectives"] = count_collectives(compiled.as_text())
+    return report
+
+
+def format_table(report: dict) -> str:
+    rows = [("tensor", "dims", "spec", "per-device shape", "bytes/device")]
+    for t in report["tensors"]:
+        spec = ",".join("-" if e is None else "+".join(e) if isinstance(e, list) else e
+                        for e in t["spec"]) or "replicated"
+        rows.append((t["name"], ",".join(t["dims"]), spec,
+                     "x".join(map(str, t["per_device_shape"])) or "()",
+                     f"{t['per_device_bytes']:,}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"mesh {report['mesh']} ({report['devices']} devices) | layout {report['layout']}", ""]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) if j < 4 else c.rjust(w)
+                               for j, (c, w) in enumerate(zip(r, widths))))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    total, per = report["params_bytes_total"], report["params_bytes_per_device_max"]
+    lines += ["", f"parameters: {total:,} bytes in all, {per:,} per device "
+                  f"({per / total:.3f} of the total)",
+              f"optimizer state: {report['opt_bytes_per_device_max']:,} bytes per device"]
+    if "collectives" in report:
+        lines.append(f"train step collectives (compiled in {report['compile_seconds']} s): " +
+                     ", ".join(f"{k} {v}" for k, v in report["collectives"].items()))
+    return "\n".join(lines)
+
+
+def block_owners(sharding, shape) -> dict[tuple, list[int]]:
+    """{block as ((start, stop), ...) per dim: [device ids holding it]} — which processor
+    holds which slice, the content of the Mesh-TensorFlow paper's figures 2-4."""
+    owners: dict[tuple, list[int]] = collections.defaultdict(list)
+    for device, index in sharding.devices_indices_map(tuple(shape)).items():
+        block = tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+        owners[block].append(device.id)
+    return {b: sorted(d) for b, d in sorted(owners.items())}
+
+
+def draw(sharding, shape, dims, title: str, path: str) -> None:
+    """Draws a tensor as a grid of its blocks, each labelled with the devices that hold it.
+    Rank > 2 tensors are drawn over their last two dims, one panel per leading block."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    owners = block_owners(sharding, shape)
+    shape2 = ((1, 1) + tuple(shape))[-2:]
+    dims2 = (("", "") + tuple(dims))[-2:]
+    panels = collections.defaultdict(dict)
+    for block, devices in owners.items():
+        block = ((0, 1), (0, 1)) + block
+        panels[block[:-2]][block[-2:]] = devices
+    n = len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n + 1, 3.4), squeeze=False)
+    cmap = plt.get_cmap("tab20")
+    for ax, (lead, blocks) in zip(axes[0], sorted(panels.items())):
+        for ((r0, r1), (c0, c1)), devices in blocks.items():
+            ax.add_patch(plt.Rectangle((c0, r0), c1 - c0, r1 - r0, ec="black",
+                                       fc=cmap(devices[0] % 20), alpha=0.6))
+            label = ",".join(map(str, devices)) if len(devices) <= 4 else f"{len(devices)} devices"
+            ax.text((c0 + c1) / 2, (r0 + r1) / 2, label, ha="center", va="center", fontsize=8)
+        ax.set_xlim(0, shape2[1]); ax.set_ylim(shape2[0], 0)
+        ax.set_xlabel(dims2[1]); ax.set_ylabel(dims2[0])
+        lead = [f"{d}[{a}:{b}]" for d, (a, b) in zip(dims[:-2], lead[2:])]
+        ax.set_title(" ".join(lead), fontsize=8)
+    fig.suptitle(f"{title}  {tuple(shape)}  spec {sharding.spec}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m switchzoo.layout", description=__doc__)
+    parser.add_argument("--model", required=True, help="catalogue name, e.g. switch_tiny")
+    parser.add_argument("--mesh", default="", help="e.g. data:2,model:2,expert:2 "
+                                                   "(default: the preset's mesh)")
+    parser.add_argument("--layout", default="dp_mp_ep", help="preset name or layout string")
+    parser.add_argument("--optimizer", default="adamw")
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--no-compile", action="store_true", help="skip the collective count")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--figure", help="write a PNG of one tensor's blocks (needs --tensor)")
+    parser.add_argument("--tensor", help="parameter name as in the table, e.g. layers/1/ffn/wi")
+    parser.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
+    args = parser.parse_args(argv)
+    try:
+        if bool(args.figure) != bool(args.tensor):
+            raise ValueError("--figure and --tensor go together: --figure out.png --tensor NAME")
+        mesh = args.mesh or _preset_mesh(args.layout)
+        report = inspect(args.model, mesh, args.layout, args.optimizer, args.batch_size,
+                         args.length, not args.no_compile)
+        if args.figure:
+            _figure(report, args)
+    except (ValueError, KeyError) as e:
+        if args.verbose:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report) if args.json else format_table(report))
+    return 0
+
+
+def _preset_mesh(layout: str) -> str:
+    preset = layout_lib.presets().get(layout)
+    if preset is None:
+        raise ValueError(f"--mesh is needed with a literal layout string (e.g. "
+                         f"--mesh data:2,model:2,expert:2)")
+    return preset.mesh
+
+
+def _figure(report: dict, args) -> None:
+    names = {t["name"]: t for t in report["tensors"]}
+    if args.tensor not in names:
+        raise ValueError(f"--tensor {args.tensor!r} is not a parameter of {args.model}; "
+                         f"names are listed in the table, e.g. {next(iter(names))}")
+    t = names[args.tensor]
+    lay = layout_lib.Layout.create(args.layout, args.mesh or _preset_mesh(args.layout))
+    draw(lay.sharding(t["dims"], t["shape"], t["name"]), t["shape"], t["dims"],
+         f"{args.model} {t['name']}", args.figure)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
