@@ -19,6 +19,7 @@ VOCABULARY: dict[str, tuple[str, str]] = {
     "groups": ("G", "routing groups (tokens are routed within a group)"),
     "group_size": ("N", "tokens per group"),
     "relpos_buckets": ("R", "relative-position buckets"),
+    "picks": ("P", "experts picked per token (the k of top-k routing)"),
 }
 
 NAMES = tuple(VOCABULARY)

@@ -116,9 +116,10 @@ def block_owners(sharding, shape) -> dict[tuple, list[int]]:
 def draw(sharding, shape, dims, title: str, path: str) -> None:
     """Draws a tensor as a grid of its blocks, each labelled with the devices that hold it.
     Rank > 2 tensors are drawn over their last two dims, one panel per leading block."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure    # no pyplot: leaves the caller's backend alone
+    from matplotlib import colormaps
+    from matplotlib.patches import Rectangle
+    from matplotlib.ticker import MaxNLocator
 
     owners = block_owners(sharding, shape)
     shape2 = ((1, 1) + tuple(shape))[-2:]
@@ -128,22 +129,27 @@ def draw(sharding, shape, dims, title: str, path: str) -> None:
         block = ((0, 1), (0, 1)) + block
         panels[block[:-2]][block[-2:]] = devices
     n = len(panels)
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n + 1, 3.4), squeeze=False)
-    cmap = plt.get_cmap("tab20")
+    fig = Figure(figsize=(3.2 * n + 1, 3.4))
+    axes = fig.subplots(1, n, squeeze=False)
+    cmap = colormaps["tab20"]
+    holders = sorted(set(map(tuple, owners.values())))
+    colours = {d: cmap(i % 20) for i, d in enumerate(holders)}
     for ax, (lead, blocks) in zip(axes[0], sorted(panels.items())):
         for ((r0, r1), (c0, c1)), devices in blocks.items():
-            ax.add_patch(plt.Rectangle((c0, r0), c1 - c0, r1 - r0, ec="black",
-                                       fc=cmap(devices[0] % 20), alpha=0.6))
+            ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, ec="black",
+                                   fc=colours[tuple(devices)], alpha=0.6))
             label = ",".join(map(str, devices)) if len(devices) <= 4 else f"{len(devices)} devices"
             ax.text((c0 + c1) / 2, (r0 + r1) / 2, label, ha="center", va="center", fontsize=8)
         ax.set_xlim(0, shape2[1]); ax.set_ylim(shape2[0], 0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(dims2[1]); ax.set_ylabel(dims2[0])
         lead = [f"{d}[{a}:{b}]" for d, (a, b) in zip(dims[:-2], lead[2:])]
         ax.set_title(" ".join(lead), fontsize=8)
-    fig.suptitle(f"{title}  {tuple(shape)}  spec {sharding.spec}", fontsize=9)
+    spec = ", ".join(str(e) for e in sharding.spec) or "replicated"
+    fig.suptitle(f"{title}  {tuple(shape)}  spec ({spec})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv=None) -> int:

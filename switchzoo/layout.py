@@ -272,5 +272,7 @@ def nbytes(shape, dtype) -> int:
 
 
 if __name__ == "__main__":
+    import sys
+
     from switchzoo import inspector
-    inspector.main()
+    sys.exit(inspector.main())

@@ -1,6 +1,7 @@
 """Tokens-choose top-k routing (Switch k=1, GShard k=2) within groups, in float32.
 
-Shapes: G routing groups, N tokens per group, E experts, K choices per token, C slots per expert.
+Shapes: G routing groups, N tokens per group, E experts, P experts picked per token (top-k),
+C slots per expert.
 """
 from __future__ import annotations
 
@@ -56,29 +57,29 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True) -> Rout
     logits_GNE = logits_GNE.astype(jnp.float32)
     G, N, E = logits_GNE.shape
     probs_GNE = jax.nn.softmax(logits_GNE, axis=-1)
-    gates_GNK, index_GNK = _top_k(probs_GNE, top_k)
+    gates_GNP, index_GNP = _top_k(probs_GNE, top_k)
     if normalize and top_k > 1:
-        gates_GNK = gates_GNK / jnp.sum(gates_GNK, axis=-1, keepdims=True)
-    mask_GNKE = jax.nn.one_hot(index_GNK, E, dtype=jnp.float32)
+        gates_GNP = gates_GNP / jnp.sum(gates_GNP, axis=-1, keepdims=True)
+    mask_GNPE = jax.nn.one_hot(index_GNP, E, dtype=jnp.float32)
 
     # Slot = how many earlier (choice, position) pairs chose the same expert.
-    mask_GXE = jnp.swapaxes(mask_GNKE, 1, 2).reshape(G, top_k * N, E)
-    slot_GXE = jnp.cumsum(mask_GXE, axis=1) - 1.0
-    slot_GNKE = jnp.swapaxes(slot_GXE.reshape(G, top_k, N, E), 1, 2)
-    keep_GNKE = mask_GNKE * (slot_GNKE < capacity)
-    slot_GNK = jnp.sum(slot_GNKE * mask_GNKE, axis=-1).astype(jnp.int32)
-    onehot_GNKC = jax.nn.one_hot(slot_GNK, capacity, dtype=jnp.float32)
-    dispatch_GNEC = jnp.einsum("GNKE,GNKC->GNEC", keep_GNKE, onehot_GNKC)
-    combine_GNEC = jnp.einsum("GNK,GNKE,GNKC->GNEC", gates_GNK, keep_GNKE, onehot_GNKC)
+    flat_mask = jnp.swapaxes(mask_GNPE, 1, 2).reshape(G, top_k * N, E)      # [G, P*N, E]
+    flat_slot = jnp.cumsum(flat_mask, axis=1) - 1.0
+    slot_GNPE = jnp.swapaxes(flat_slot.reshape(G, top_k, N, E), 1, 2)
+    keep_GNPE = mask_GNPE * (slot_GNPE < capacity)
+    slot_GNP = jnp.sum(slot_GNPE * mask_GNPE, axis=-1).astype(jnp.int32)
+    onehot_GNPC = jax.nn.one_hot(slot_GNP, capacity, dtype=jnp.float32)
+    dispatch_GNEC = jnp.einsum("GNPE,GNPC->GNEC", keep_GNPE, onehot_GNPC)
+    combine_GNEC = jnp.einsum("GNP,GNPE,GNPC->GNEC", gates_GNP, keep_GNPE, onehot_GNPC)
 
-    chosen_GNE = jnp.max(mask_GNKE, axis=2)
+    chosen_GNE = jnp.max(mask_GNPE, axis=2)
     fraction_GE = jnp.mean(chosen_GNE, axis=1)
     prob_GE = jnp.mean(probs_GNE, axis=1)
     aux_loss = jnp.mean(jnp.sum(fraction_GE * prob_GE, axis=-1)) * E
     z_loss = jnp.mean(jnp.square(jax.nn.logsumexp(logits_GNE, axis=-1)))
     metrics = {
-        "dropped_fraction": 1.0 - jnp.sum(keep_GNKE) / jnp.sum(mask_GNKE),
-        "expert_load": jnp.mean(mask_GNKE, axis=(0, 1, 2)),
+        "dropped_fraction": 1.0 - jnp.sum(keep_GNPE) / jnp.sum(mask_GNPE),
+        "expert_load": jnp.mean(mask_GNPE, axis=(0, 1, 2)),
         "router_confidence": jnp.mean(jnp.max(probs_GNE, axis=-1)),
     }
     return Routing(dispatch_GNEC, combine_GNEC, aux_loss, z_loss, metrics)

@@ -26,13 +26,20 @@ class TrainState(NamedTuple):
     opt_state: optax.OptState
 
 
-def make_optimizer(name: str = "adamw", learning_rate: float = 1e-3, warmup_steps: int = 100,
-                   weight_decay: float = 0.0) -> optax.GradientTransformation:
-    """AdamW or Adafactor under the T5 schedule: linear warmup, then rsqrt decay."""
+def rsqrt_schedule(learning_rate: float, warmup_steps: int):
+    """The T5 schedule: linear warmup to ``learning_rate``, then decay as 1/sqrt(step)."""
+    warmup = max(warmup_steps, 1)
+
     def schedule(step):
         step = jnp.maximum(step, 1).astype(jnp.float32)
-        return learning_rate * jnp.minimum(step / max(warmup_steps, 1),
-                                           jnp.sqrt(max(warmup_steps, 1) / step))
+        return learning_rate * jnp.minimum(step / warmup, jnp.sqrt(warmup / step))
+    return schedule
+
+
+def make_optimizer(name: str = "adamw", learning_rate: float = 1e-3, warmup_steps: int = 100,
+                   weight_decay: float = 0.0) -> optax.GradientTransformation:
+    """AdamW or Adafactor under the rsqrt schedule."""
+    schedule = rsqrt_schedule(learning_rate, warmup_steps)
     if name == "adamw":
         return optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=weight_decay)
     if name == "adafactor":
@@ -50,7 +57,7 @@ def param_dims(cfg: ModelConfig, seed: int = 0):
     _, state = nnx.split(model)
     dims = {tuple(map(_key, path)): v.get_metadata()["dims"]
             for path, v in nnx.to_flat_state(state)}
-    return state.to_pure_dict(), dims
+    return nnx.to_pure_dict(state), dims
 
 
 def tree_shardings(layout: layout_lib.Layout, tree, dims: dict):
@@ -84,7 +91,7 @@ def init_state(cfg: ModelConfig, tx, layout: layout_lib.Layout, seed: int = 0):
     shardings = tree_shardings(layout, abstract, dims)
 
     def init():
-        params = nnx.state(transformer.build(cfg, seed)).to_pure_dict()
+        params = nnx.to_pure_dict(nnx.state(transformer.build(cfg, seed)))
         return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
     return graphdef, jax.jit(init, out_shardings=shardings)(), shardings
 
@@ -147,6 +154,7 @@ def train(config, workdir: str | None = None, batches=None, print_fn=print) -> l
     mesh = layout_lib.make_mesh(config.mesh or (preset.mesh if preset else "data:-1"))
     layout = layout_lib.Layout.create(config.layout, mesh)
     tx = make_optimizer(config.optimizer, config.learning_rate, config.warmup_steps)
+    schedule = rsqrt_schedule(config.learning_rate, config.warmup_steps)
     graphdef, state, shardings = init_state(cfg, tx, layout, config.seed)
     step_fn = make_train_step(graphdef, cfg, tx, layout, shardings, config.seed)
     batch_size = config.per_device_batch_size * jax.device_count()
@@ -155,6 +163,7 @@ def train(config, workdir: str | None = None, batches=None, print_fn=print) -> l
     out = pathlib.Path(workdir) if workdir else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").write_text("")
     print_fn(f"model {config.model}: {sum(x.size for x in jax.tree.leaves(state.params)):,} "
              f"params | mesh {dict(mesh.shape)} | layout {layout.text}")
     logged, start = [], time.perf_counter()
@@ -165,6 +174,7 @@ def train(config, workdir: str | None = None, batches=None, print_fn=print) -> l
             elapsed = time.perf_counter() - start
             row = {"step": step, "loss": float(m["loss"]), "cross_entropy": float(m["cross_entropy"]),
                    "aux_loss": float(m["aux_loss"]), "z_loss": float(m["z_loss"]),
+                   "learning_rate": float(schedule(step - 1)),
                    "tokens_per_sec": float(m["tokens"]) * config.log_every_steps / elapsed}
             if "dropped_fraction" in m:
                 row["dropped_fraction"] = np.asarray(m["dropped_fraction"]).round(4).tolist()

@@ -1,0 +1,22 @@
+# Both targets set up .venv on first use (Python >= 3.11 and pip are all a fresh machine needs).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
+
+.PHONY: demo test figures
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+demo: $(VENV)/.installed      ## short training of switch_tiny on CPU; prints its loss falling
+	$(PY) train.py --config=configs/demo.py --workdir=workdirs/demo
+
+test: $(VENV)/.installed      ## the test suite, on 8 simulated CPU devices
+	$(DEVICES) $(PY) -m pytest -q -n 2 --durations=10 tests
+
+figures: $(VENV)/.installed   ## the Mesh-TensorFlow paper's figures 2-4 -> docs/figures
+	$(PY) examples/mtf_two_layer.py --out docs/figures

@@ -1,0 +1,74 @@
+"""The layout inspector's numbers against arithmetic, and its command line."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from switchzoo import inspector
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+HLO = """
+  %all-to-all.3 = (f32[4,1,5,64]{3,2,1,0}, f32[4,1,5,64]{3,2,1,0}) all-to-all(f32[4,1,5,64]{3,2,1,0} %a, f32[4,1,5,64]{3,2,1,0} %b), replica_groups={{0,1}}
+  %all-reduce-start = f32[8]{0} all-reduce-start(f32[8]{0} %all-to-all.3), to_apply=%add
+  %all-reduce-done = f32[8]{0} all-reduce-done(f32[8]{0} %all-reduce-start)
+  %ag = f32[16]{0} all-gather(f32[8]{0} %all-reduce-done), dimensions={0}
+  %cp = f32[16]{0} collective-permute(f32[16]{0} %ag), source_target_pairs={{0,1},{1,0}}
+"""
+
+
+def test_collective_counting_reads_tuples_and_async_pairs_once():
+    assert inspector.count_collectives(HLO) == {
+        "all-to-all": 1, "all-reduce": 1, "all-gather": 1, "reduce-scatter": 0,
+        "collective-permute": 1}
+
+
+@pytest.mark.parametrize("mesh, preset, n", [
+    ("expert:8", "expert_parallel", 8),
+    ("data:2,model:1,expert:4", "dp_ep", 4),
+    ("data:2,model:2,expert:2", "dp_mp_ep", 2),
+])
+def test_expert_axis_of_size_n_holds_one_nth_of_every_expert_weight(mesh, preset, n):
+    report = inspector.inspect("switch_tiny", mesh, preset)
+    experts = [t for t in report["tensors"] if "experts" in t["dims"]]
+    assert len(experts) == 3 * 2          # router, wi, wo in two sparse layers
+    for t in experts:
+        total = 4 * eval("*".join(map(str, t["shape"])))
+        split = 2 if "d_ff" in t["dims"] and "model" in report["mesh"] and \
+            report["mesh"]["model"] == 2 else 1
+        assert t["per_device_bytes"] * n * split == total, t
+    assert report["collectives"]["all-to-all"] > 0
+    per_device = sum(t["per_device_bytes"] for t in report["tensors"])
+    assert report["params_bytes_per_device_max"] == per_device < report["params_bytes_total"]
+    # AdamW keeps two moments per parameter, sharded like it, plus a few scalar counters.
+    assert 0 <= report["opt_bytes_per_device_max"] - 2 * per_device <= 64
+
+
+def test_pure_data_parallel_has_no_all_to_all_and_replicates_every_weight():
+    report = inspector.inspect("switch_tiny", "data:8", "data_parallel")
+    assert report["collectives"]["all-to-all"] == 0
+    assert report["collectives"]["all-reduce"] > 0          # the gradient all-reduce
+    assert report["params_bytes_per_device_max"] == report["params_bytes_total"]
+
+
+def test_command_line_json_table_and_figure(tmp_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    base = [sys.executable, "-m", "switchzoo.layout", "--model", "switch_tiny",
+            "--mesh", "data:2,model:2,expert:2", "--layout", "dp_mp_ep"]
+    figure = tmp_path / "wi.png"
+    out = subprocess.run(base + ["--json", "--figure", str(figure), "--tensor", "layers/1/ffn/wi"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert set(report) >= {"devices", "mesh", "layout", "params_bytes_total",
+                           "params_bytes_per_device_max", "opt_bytes_per_device_max",
+                           "tensors", "collectives"}
+    assert report["devices"] == 8 and report["collectives"]["all-to-all"] > 0
+    assert figure.stat().st_size > 1000
+    bad = subprocess.run(base[:-2] + ["--layout", "batch:data,experts:exprt", "--no-compile"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "did you mean 'expert'" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -1,0 +1,156 @@
+"""The Switch layer against a plain per-token loop over experts (the oracle)."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from switchzoo import layout as L
+from switchzoo.config import MoeConfig
+from switchzoo.inspector import count_collectives
+from switchzoo.moe import SwitchFFN
+from switchzoo.routing import route
+
+D, F, E = 16, 32, 4
+
+
+def make(top_k=1, capacity_factor=4.0, group_size=16, seed=0, **kw):
+    cfg = MoeConfig(num_experts=E, top_k=top_k, group_size=group_size, min_capacity=1,
+                    train_capacity_factor=capacity_factor, eval_capacity_factor=capacity_factor,
+                    **kw)
+    return SwitchFFN(D, F, cfg, nnx.Rngs(seed))
+
+
+def oracle(ffn: SwitchFFN, x_BLD):
+    """Token by token, in position order; every first choice before any second choice."""
+    cfg = ffn.cfg
+    x = np.asarray(x_BLD, np.float64)
+    B, L_, _ = x.shape
+    wr, wi, wo = (np.asarray(p[...], np.float64) for p in (ffn.router.w, ffn.wi, ffn.wo))
+    n_total = B * L_
+    N = min(cfg.group_size, n_total)
+    capacity = cfg.capacity(N, train=False)
+    tokens = x.reshape(-1, N, D)
+    y = np.zeros_like(tokens)
+    kept = np.zeros(tokens.shape[:2] + (cfg.top_k,), bool)
+    for g, group in enumerate(tokens):
+        logits = group @ wr
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        picks = np.argsort(-probs, axis=-1)[:, :cfg.top_k]
+        gates = np.take_along_axis(probs, picks, -1)
+        if cfg.top_k > 1:
+            gates /= gates.sum(-1, keepdims=True)
+        load = np.zeros(E, int)
+        for p in range(cfg.top_k):
+            for n in range(N):
+                e = picks[n, p]
+                if load[e] < capacity:
+                    load[e] += 1
+                    kept[g, n, p] = True
+                    y[g, n] += gates[n, p] * (np.maximum(group[n] @ wi[e], 0) @ wo[e])
+    return y.reshape(x.shape), kept
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_equals_per_token_loop_when_nothing_drops(top_k):
+    ffn = make(top_k=top_k, capacity_factor=float(E))
+    x = jax.random.normal(jax.random.key(1), (4, 8, D))
+    y, stats = ffn(x)
+    want, kept = oracle(ffn, x)
+    assert kept.all()
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    assert float(stats["dropped_fraction"]) == 0.0
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_low_capacity_drops_exactly_the_over_capacity_tokens(top_k):
+    ffn = make(top_k=top_k, capacity_factor=0.5)
+    x = jax.random.normal(jax.random.key(2), (4, 8, D))
+    y, stats = ffn(x)
+    want, kept = oracle(ffn, x)
+    assert 0 < (~kept).sum() < kept.size, "the test needs some drops and some kept"
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    dropped_tokens = ~kept.any(-1).reshape(4, 8)
+    assert np.all(np.asarray(y)[dropped_tokens] == 0.0)
+    np.testing.assert_allclose(float(stats["dropped_fraction"]), (~kept).mean(), rtol=1e-6)
+
+
+def test_capacity_formula():
+    cfg = MoeConfig(num_experts=8, top_k=2, train_capacity_factor=1.25, eval_capacity_factor=2.0,
+                    min_capacity=4)
+    assert cfg.capacity(1024, train=True) == math.ceil(2 * 1024 * 1.25 / 8) == 320
+    assert cfg.capacity(1024, train=False) == 512
+    assert cfg.capacity(8, train=True) == 4      # the minimum
+    assert MoeConfig(num_experts=8, sparse_every=2).is_sparse(1)
+    assert not MoeConfig(num_experts=8, sparse_every=2).is_sparse(0)
+    assert MoeConfig(num_experts=8, sparse_layers=(0, 3)).is_sparse(3)
+
+
+def test_aux_and_z_losses_match_their_formulas():
+    logits = jax.random.normal(jax.random.key(3), (2, 16, E)) * 2
+    r = route(logits, top_k=1, capacity=16)
+    probs = np.asarray(jax.nn.softmax(logits, -1), np.float64)
+    f = np.stack([np.bincount(p.argmax(-1), minlength=E) / 16 for p in probs])
+    want_aux = E * np.mean(np.sum(f * probs.mean(1), -1))          # Switch eq. 4 (alpha = 1)
+    np.testing.assert_allclose(float(r.aux_loss), want_aux, rtol=1e-6)
+    lse = np.log(np.exp(np.asarray(logits, np.float64)).sum(-1))
+    np.testing.assert_allclose(float(r.z_loss), np.mean(lse ** 2), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(r.metrics["expert_load"]), f.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(float(r.metrics["router_confidence"]), probs.max(-1).mean(),
+                               rtol=1e-6)
+    # Perfect balance with a uniform router gives exactly 1.
+    uniform = route(jnp.zeros((1, E, E)).at[0].set(jnp.eye(E) * 1e-3), top_k=1, capacity=4)
+    np.testing.assert_allclose(float(uniform.aux_loss), 1.0, rtol=1e-3)
+
+
+def test_jitter_and_expert_dropout_only_in_training():
+    ffn = make(jitter=0.1, expert_dropout=0.5)
+    x = jax.random.normal(jax.random.key(4), (2, 8, D))
+    eval_a, _ = ffn(x)
+    eval_b, _ = ffn(x)
+    np.testing.assert_array_equal(eval_a, eval_b)
+    train, _ = ffn(x, rng=jax.random.key(5))
+    assert not np.allclose(train, eval_a)
+    plain = make()
+    np.testing.assert_allclose(plain(x)[0], eval_a, rtol=1e-6)   # eval ignores jitter/dropout
+    logits_eval = ffn.router(x, 0.1, None)
+    logits_train = ffn.router(x, 0.1, jax.random.key(6))
+    assert not np.allclose(logits_eval, logits_train)
+
+
+def test_router_runs_in_float32_for_bfloat16_activations():
+    ffn = make()
+    x = jax.random.normal(jax.random.key(7), (2, 8, D)).astype(jnp.bfloat16)
+    assert ffn.router(x).dtype == jnp.float32
+    y, stats = ffn(x)
+    assert y.dtype == jnp.bfloat16 and stats["aux_loss"].dtype == jnp.float32
+
+
+def test_indivisible_groups_are_a_clear_error():
+    ffn = make(group_size=16)
+    with pytest.raises(ValueError, match=r"24 tokens per batch do not split into groups of 16"):
+        ffn(jnp.ones((3, 8, D)))
+
+
+@pytest.mark.parametrize("preset, mesh, all_to_all", [
+    ("expert_parallel", "expert:4,data:2", True),
+    ("dp_ep", "data:2,expert:4", True),
+    ("data_parallel", "data:8", False),
+])
+def test_expert_parallel_dispatch_compiles_to_all_to_all(preset, mesh, all_to_all):
+    ffn = make(group_size=8)
+    graphdef, state = nnx.split(ffn)
+    lay = L.Layout.create(preset, mesh)
+    x_sharding = lay.sharding(("batch", "length", "d_model"), (8, 8, D), strict=False)
+
+    @jax.jit
+    def forward(state, x):
+        with L.use(lay):
+            return nnx.merge(graphdef, state)(x)[0]
+
+    x = jax.device_put(jnp.ones((8, 8, D)), x_sharding)
+    counts = count_collectives(forward.lower(state, x).compile().as_text())
+    assert (counts["all-to-all"] > 0) == all_to_all, counts
