@@ -1,0 +1,94 @@
+"""Layers: T5 relative-position buckets, RMSNorm, causal attention, and the communication of the
+Megatron and 2D presets on single blocks."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from switchzoo import layout as L, training, transformer, zoo
+from switchzoo.inspector import count_collectives
+from switchzoo.layers import Attention, Mlp, RMSNorm, relpos_bucket
+
+
+@pytest.mark.parametrize("rel, bidirectional, bucket", [
+    # key - query; worked by hand from T5's formula with 32 buckets, max distance 128.
+    (0, True, 0), (-1, True, 1), (1, True, 17), (-7, True, 7), (-20, True, 10), (20, True, 26),
+    (-200, True, 15), (0, False, 0), (5, False, 0), (-15, False, 15), (-20, False, 17),
+    (-1000, False, 31),
+])
+def test_relpos_buckets_match_t5(rel, bidirectional, bucket):
+    got = relpos_bucket(jnp.array([[[rel]]]), bidirectional, 32, 128)
+    assert int(got[0, 0, 0]) == bucket
+
+
+def test_rmsnorm_scales_to_unit_rms_in_float32():
+    x = jax.random.normal(jax.random.key(0), (2, 3, 8)).astype(jnp.bfloat16) * 5
+    y = RMSNorm(8)(x)
+    assert y.dtype == jnp.bfloat16
+    rms = np.sqrt(np.mean(np.square(np.asarray(y, np.float32)), -1))
+    np.testing.assert_allclose(rms, 1.0, rtol=1e-2)
+
+
+def test_decoder_is_causal_and_respects_segments():
+    cfg = zoo.get("switch_tiny").replace(moe=None)
+    model = transformer.build(cfg)
+    ids = jax.random.randint(jax.random.key(1), (2, 16), 1, 256)
+    changed = ids.at[:, 10:].set(7)
+    a, _ = model(ids)
+    b, _ = model(changed)
+    np.testing.assert_allclose(a[:, :10], b[:, :10], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(a[:, 10:], b[:, 10:])
+    # Two packed sequences: the second does not see the first.
+    segments = jnp.concatenate([jnp.ones((2, 8), jnp.int32), 2 * jnp.ones((2, 8), jnp.int32)], 1)
+    positions = jnp.concatenate([jnp.arange(8), jnp.arange(8)])[None].repeat(2, 0)
+    packed, _ = model(ids, positions_BL=positions, segments_BL=segments)
+    alone, _ = model(ids[:, 8:])
+    np.testing.assert_allclose(packed[:, 8:], alone, rtol=1e-5, atol=1e-5)
+
+
+def compiled_collectives(module, preset, mesh, call, grad=False):
+    graphdef, state = nnx.split(module)
+    lay = L.Layout.create(preset, mesh)
+    dims = {tuple(map(training._key, p)): v.get_metadata()["dims"]
+            for p, v in nnx.to_flat_state(state)}
+    params = nnx.to_pure_dict(state)
+    shardings = training.tree_shardings(lay, params, dims)
+    x_sharding = lay.sharding(("batch", "length", "d_model"), strict=False)
+
+    def f(params, x):
+        with L.use(lay):
+            out = call(nnx.merge(graphdef, params), x)
+        return jnp.sum(out[0] if isinstance(out, tuple) else out)
+
+    # Gradients leave sharded like their weights, as the train step's update requires.
+    fn = jax.jit(jax.grad(f) if grad else f, in_shardings=(shardings, x_sharding),
+                 out_shardings=shardings if grad else None)
+    x = jax.ShapeDtypeStruct((8, 16, 64), jnp.float32)
+    compiled = fn.lower(params, x).compile()
+    return count_collectives(compiled.as_text()), compiled, shardings
+
+
+def test_megatron_preset_needs_one_all_reduce_per_block_forward():
+    mask, bias = jnp.ones((8, 16, 16), bool), jnp.zeros((8, 8, 16, 16))
+    rngs = nnx.Rngs(0)
+    mlp, _, _ = compiled_collectives(Mlp(64, 128, rngs), "model_parallel", "data:1,model:8",
+                                     lambda m, x: m(x))
+    attn, _, _ = compiled_collectives(Attention(64, 8, 16, rngs), "model_parallel",
+                                      "data:1,model:8", lambda m, x: m(x, x, bias, mask))
+    for counts in (mlp, attn):
+        assert counts == {"all-to-all": 0, "all-reduce": 1, "all-gather": 0,
+                          "reduce-scatter": 0, "collective-permute": 0}
+
+
+def test_2d_preset_gathers_weights_before_the_matmuls_and_keeps_gradients_sharded():
+    mlp = Mlp(64, 128, nnx.Rngs(0))
+    fwd, _, _ = compiled_collectives(mlp, "2d", "data:4,model:2", lambda m, x: m(x))
+    assert fwd["all-gather"] == 2          # wi and wo, each gathered over 'data' before use
+    bwd, _, shardings = compiled_collectives(mlp, "2d", "data:4,model:2", lambda m, x: m(x),
+                                             grad=True)
+    assert jax.tree.leaves(shardings)[0].spec == jax.sharding.PartitionSpec("data", "model")
+    # Weight gradients are summed over 'data' and kept split over both axes. XLA's CPU pipeline
+    # does this as all-reduce + slice; the GPU/TPU pipelines fuse it into a reduce-scatter.
+    assert bwd["all-reduce"] + bwd["reduce-scatter"] >= 1
+    assert bwd["all-gather"] == 2           # the weights again, for the backward matmuls
