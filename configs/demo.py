@@ -1,7 +1,7 @@
 """python train.py --config=configs/demo.py --workdir=/tmp/switchzoo_demo
 
-A short training of switch_tiny (8 experts, byte-level) on the CPython licence text: the loss
-falls from ~5.5 to ~2.5 in a couple of minutes on a 2-core CPU.
+A short training of switch_tiny (8 experts in every other layer, byte-level) on the CPython
+licence text: the loss falls from ~4.3 at step 25 to ~1.6 at step 300, in ~30 s on a 2-core CPU.
 """
 import ml_collections
 

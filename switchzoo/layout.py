@@ -263,10 +263,6 @@ def constrain(x, dims):
     return layout.constrain(x, dims)
 
 
-def per_device_shape(shape, sharding: NamedSharding) -> tuple[int, ...]:
-    return tuple(sharding.shard_shape(tuple(shape)))
-
-
 def nbytes(shape, dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 

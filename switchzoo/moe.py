@@ -33,7 +33,8 @@ class SwitchFFN(nnx.Module):
     def __call__(self, x_BLD, rate: float = 0.0, rng=None):
         """Returns y_BLD (zero for dropped tokens) and the routing losses and metrics.
 
-        ``rng`` None means evaluation: no jitter, no dropout, the eval capacity factor.
+        ``rng`` None means evaluation: no jitter, no dropout, the eval capacity factor. ``rate``
+        (the dense layers' dropout) is not used: experts drop at ``moe.expert_dropout``.
         """
         cfg, dt = self.cfg, x_BLD.dtype
         train = rng is not None

@@ -15,8 +15,8 @@ import numpy as np
 import optax
 from flax import nnx
 
+from switchzoo import data, transformer, zoo
 from switchzoo import layout as layout_lib
-from switchzoo import transformer
 from switchzoo.config import ModelConfig
 
 
@@ -51,13 +51,17 @@ def _key(k):
     return getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))
 
 
-def param_dims(cfg: ModelConfig, seed: int = 0):
-    """(abstract params as a pure dict, {path tuple: dims}) from the model's annotations."""
+def module_dims(module: nnx.Module) -> dict[tuple, tuple[str, ...]]:
+    """{parameter path: its logical dims} from the ``dims`` annotations."""
+    return {tuple(map(_key, path)): v.get_metadata()["dims"]
+            for path, v in nnx.to_flat_state(nnx.state(module))}
+
+
+def abstract_model(cfg: ModelConfig, seed: int = 0):
+    """(graphdef, abstract params as a pure dict, dims) without allocating anything."""
     model = nnx.eval_shape(lambda: transformer.build(cfg, seed))
-    _, state = nnx.split(model)
-    dims = {tuple(map(_key, path)): v.get_metadata()["dims"]
-            for path, v in nnx.to_flat_state(state)}
-    return nnx.to_pure_dict(state), dims
+    graphdef, state = nnx.split(model)
+    return graphdef, nnx.to_pure_dict(state), module_dims(model)
 
 
 def tree_shardings(layout: layout_lib.Layout, tree, dims: dict):
@@ -78,9 +82,7 @@ def tree_shardings(layout: layout_lib.Layout, tree, dims: dict):
 
 def abstract_state(cfg: ModelConfig, tx, seed: int = 0):
     """(graphdef, TrainState of ShapeDtypeStructs, dims) without allocating anything."""
-    model = nnx.eval_shape(lambda: transformer.build(cfg, seed))
-    graphdef, _ = nnx.split(model)
-    params, dims = param_dims(cfg, seed)
+    graphdef, params, dims = abstract_model(cfg, seed)
     opt_state = jax.eval_shape(tx.init, params)
     return graphdef, TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, opt_state), dims
 
@@ -148,7 +150,6 @@ def batch_shardings(layout: layout_lib.Layout):
 
 def train(config, workdir: str | None = None, batches=None, print_fn=print) -> list[dict]:
     """A short training run; returns the logged metrics (also written to metrics.jsonl)."""
-    from switchzoo import data, zoo
     cfg = zoo.get(config.model)
     preset = layout_lib.presets().get(config.layout)
     mesh = layout_lib.make_mesh(config.mesh or (preset.mesh if preset else "data:-1"))

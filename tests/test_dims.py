@@ -23,7 +23,7 @@ def names_used_by_models() -> set[str]:
     used = set()
     for name in zoo.names():
         cfg = zoo.get(name)
-        _, param_dims = training.param_dims(cfg)
+        _, _, param_dims = training.abstract_model(cfg)
         used.update(d for ds in param_dims.values() for d in ds)
         lay = Recording({}, L.make_mesh("data:1", devices=jax.devices()[:1]))
         model = transformer.build(cfg)

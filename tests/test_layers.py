@@ -50,8 +50,7 @@ def test_decoder_is_causal_and_respects_segments():
 def compiled_collectives(module, preset, mesh, call, grad=False):
     graphdef, state = nnx.split(module)
     lay = L.Layout.create(preset, mesh)
-    dims = {tuple(map(training._key, p)): v.get_metadata()["dims"]
-            for p, v in nnx.to_flat_state(state)}
+    dims = training.module_dims(module)
     params = nnx.to_pure_dict(state)
     shardings = training.tree_shardings(lay, params, dims)
     x_sharding = lay.sharding(("batch", "length", "d_model"), strict=False)

@@ -1,8 +1,11 @@
 """The demo training loop: the loss falls and metrics.jsonl holds the DESIGN.md fields."""
 import json
+import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 from configs import demo  # noqa: F401  (configs/ is importable from the repository root)
 from switchzoo import training
@@ -24,9 +27,18 @@ def test_loss_falls_and_metrics_are_written(tmp_path):
     assert len(lines[-1]["expert_load"]) == 2 and len(lines[-1]["expert_load"][0]) == 8
 
 
-def test_train_py_rejects_an_unknown_layout_in_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "train.py", "--config=configs/demo.py",
-                          "--config.layout=data_paralel", f"--workdir={tmp_path}"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode != 0
-    assert "did you mean 'data_parallel'" in out.stderr and "Traceback" not in out.stderr
+@pytest.mark.parametrize("flag, message", [
+    ("--config.layout=data_paralel", "did you mean 'data_parallel'"),
+    ("--config.layoutt=dp_ep", 'Did you mean "layout" instead of "layoutt"'),
+    ("--config.num_train_steps=many", "invalid literal for int()"),
+    ("--config.model=switch_tinny", "did you mean 'switch_tiny'"),
+    ("--config.mesh=data:3", "has 3 devices but 1 are available"),
+    ("--config=configs/nope.py", "No such file or directory: 'configs/nope.py'"),
+])
+def test_train_py_rejects_bad_flags_in_one_line(tmp_path, flag, message):
+    out = subprocess.run([sys.executable, "train.py", "--config=configs/demo.py", flag,
+                          f"--workdir={tmp_path}"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120, env={**os.environ, "XLA_FLAGS": ""})
+    assert out.returncode == 2
+    assert message in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
+    assert not any(tmp_path.iterdir()), "a failed start must not write into the workdir"
