@@ -42,12 +42,19 @@ class ModelConfig:
     d_kv: int
     d_ff: int
     num_layers: int                      # decoder layers
+    num_encoder_layers: int = 0          # 0: decoder-only LM; else a T5 encoder-decoder
+    activation: str = "relu"             # dense FFNs: "relu" or "gated-gelu" (T5 v1.1)
     dropout: float = 0.0
     relpos_buckets: int = 32
     relpos_max_distance: int = 128
     tie_embeddings: bool = True          # tied output layer, logits scaled by d_model**-0.5
     dtype: str = "float32"               # activation dtype; params and router stay float32
     moe: MoeConfig | None = None
+
+    def __post_init__(self):
+        if self.activation not in ("relu", "gated-gelu"):
+            raise ValueError(f"activation '{self.activation}' is not supported; use 'relu' or "
+                             "'gated-gelu'")
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)

@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the collective count")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--figure", help="write a PNG of one tensor's blocks (needs --tensor)")
-    parser.add_argument("--tensor", help="parameter name as in the table, e.g. layers/1/ffn/wi")
+    parser.add_argument("--tensor", help="parameter name as in the table, e.g. decoder/layers/1/ffn/wi")
     parser.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     args = parser.parse_args(argv)
     try:

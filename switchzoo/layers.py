@@ -123,15 +123,25 @@ class Attention(nnx.Module):
 
 
 class Mlp(nnx.Module):
-    """Dense ReLU feed-forward block."""
+    """Dense feed-forward block: ReLU, or gated GELU (T5 v1.1: gelu(x wi_0) * (x wi_1))."""
 
-    def __init__(self, d_model: int, d_ff: int, rngs: nnx.Rngs):
-        self.wi = param(rngs, d_model ** -0.5, (d_model, d_ff), ("d_model", "d_ff"))
+    def __init__(self, d_model: int, d_ff: int, rngs: nnx.Rngs, activation: str = "relu"):
+        self.gated = activation == "gated-gelu"
+        if self.gated:
+            self.wi_0 = param(rngs, d_model ** -0.5, (d_model, d_ff), ("d_model", "d_ff"))
+            self.wi_1 = param(rngs, d_model ** -0.5, (d_model, d_ff), ("d_model", "d_ff"))
+        else:
+            self.wi = param(rngs, d_model ** -0.5, (d_model, d_ff), ("d_model", "d_ff"))
         self.wo = param(rngs, d_ff ** -0.5, (d_ff, d_model), ("d_ff", "d_model"))
 
     def __call__(self, x_BLD, rate: float = 0.0, rng=None):
         dt = x_BLD.dtype
-        h_BLF = jax.nn.relu(jnp.einsum("BLD,DF->BLF", x_BLD, self.wi[...].astype(dt)))
+        if self.gated:
+            gate_BLF = jnp.einsum("BLD,DF->BLF", x_BLD, self.wi_0[...].astype(dt))
+            h_BLF = jax.nn.gelu(gate_BLF, approximate=True) * jnp.einsum(
+                "BLD,DF->BLF", x_BLD, self.wi_1[...].astype(dt))
+        else:
+            h_BLF = jax.nn.relu(jnp.einsum("BLD,DF->BLF", x_BLD, self.wi[...].astype(dt)))
         h_BLF = dropout(constrain(h_BLF, ("batch", "length", "d_ff")), rate, rng)
         y_BLD = jnp.einsum("BLF,FD->BLD", h_BLF, self.wo[...].astype(dt))
         return constrain(y_BLD, ("batch", "length", "d_model")), {}

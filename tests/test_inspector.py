@@ -58,7 +58,7 @@ def test_command_line_json_table_and_figure(tmp_path):
     base = [sys.executable, "-m", "switchzoo.layout", "--model", "switch_tiny",
             "--mesh", "data:2,model:2,expert:2", "--layout", "dp_mp_ep"]
     figure = tmp_path / "wi.png"
-    out = subprocess.run(base + ["--json", "--figure", str(figure), "--tensor", "layers/1/ffn/wi"],
+    out = subprocess.run(base + ["--json", "--figure", str(figure), "--tensor", "decoder/layers/1/ffn/wi"],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
