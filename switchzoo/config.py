@@ -11,7 +11,9 @@ class MoeConfig:
     num_experts: int = 8
     top_k: int = 1                       # 1: Switch; 2: GShard top-2
     normalize_top_k: bool = True         # top-k gates renormalised to sum to one (k > 1)
-    group_size: int = 1024               # tokens routed together; bounds the dispatch tensor
+    group_size: int = 1024               # tokens routed together (0: one group per sequence)
+    expert_capacity: int | None = None   # fixed slots per expert per group (Hugging Face
+                                         # checkpoints); overrides the capacity factors
     train_capacity_factor: float = 1.25
     eval_capacity_factor: float = 2.0
     min_capacity: int = 4
@@ -19,19 +21,30 @@ class MoeConfig:
     expert_dropout: float = 0.0          # dropout inside the experts (Switch fine-tuning: 0.4)
     aux_loss_weight: float = 0.01        # Switch eq. 4 alpha
     z_loss_weight: float = 0.001         # router z-loss (ST-MoE)
-    sparse_every: int = 2                # FFN i is sparse when i % sparse_every == sparse_every-1
-    sparse_layers: tuple[int, ...] | None = None   # explicit list; overrides sparse_every
+    # Which FFNs are Switch layers, per stack: layer i when i % sparse_every == sparse_offset
+    # % sparse_every. flaxformer/t5x put them last in each run of sparse_every (offset -1, the
+    # default); Hugging Face marks i % k == 1 (offset 1). Explicit lists override the rule.
+    sparse_every: int = 2
+    sparse_offset: int = -1
+    sparse_layers: tuple[int, ...] | None = None           # decoder (or decoder-only) stack
+    encoder_sparse_layers: tuple[int, ...] | None = None   # encoder stack
 
     def capacity(self, group_size: int, train: bool) -> int:
         """Slots per expert per group: ceil(k * N * factor / E), at least min_capacity."""
+        if self.expert_capacity is not None:
+            return self.expert_capacity
         factor = self.train_capacity_factor if train else self.eval_capacity_factor
-        c = math.ceil(self.top_k * group_size * factor / self.num_experts)
+        # round() first: 100 * 1.1 / 10 is 11.000000000000002 in floating point, not 12 slots.
+        c = math.ceil(round(self.top_k * group_size * factor / self.num_experts, 9))
         return max(c, self.min_capacity)
 
-    def is_sparse(self, layer: int) -> bool:
-        if self.sparse_layers is not None:
-            return layer in self.sparse_layers
-        return layer % self.sparse_every == self.sparse_every - 1
+    def is_sparse(self, layer: int, encoder: bool = False) -> bool:
+        explicit = self.encoder_sparse_layers if encoder else self.sparse_layers
+        if explicit is not None:
+            return layer in explicit
+        if self.sparse_every <= 0:
+            return False
+        return layer % self.sparse_every == self.sparse_offset % self.sparse_every
 
 
 @dataclasses.dataclass(frozen=True)

@@ -134,7 +134,8 @@ class Mlp(nnx.Module):
             self.wi = param(rngs, d_model ** -0.5, (d_model, d_ff), ("d_model", "d_ff"))
         self.wo = param(rngs, d_ff ** -0.5, (d_ff, d_model), ("d_ff", "d_model"))
 
-    def __call__(self, x_BLD, rate: float = 0.0, rng=None):
+    def __call__(self, x_BLD, rate: float = 0.0, rng=None, valid_BL=None):
+        del valid_BL                         # the same interface as SwitchFFN
         dt = x_BLD.dtype
         if self.gated:
             gate_BLF = jnp.einsum("BLD,DF->BLF", x_BLD, self.wi_0[...].astype(dt))

@@ -213,8 +213,12 @@ class Layout:
                             f"{shape[i]} is not divisible by mesh axes {'+'.join(axes)} "
                             f"({parts} devices); change the mesh, the model size, or drop "
                             f"'{dim}' from the layout")
-                    while axes and shape[i] % math.prod(self.mesh.shape[a] for a in axes):
-                        axes.pop()
+                    kept = []
+                    for axis in axes:        # keep each axis that still divides, in order
+                        if shape[i] % (math.prod(self.mesh.shape[a] for a in kept)
+                                       * self.mesh.shape[axis]) == 0:
+                            kept.append(axis)
+                    axes = kept
             for axis in axes:
                 used[axis] = dim
             entries.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))

@@ -13,8 +13,12 @@ from switchzoo.layout import LayoutError, constrain
 from switchzoo.routing import Router, route
 
 
-def num_groups(num_tokens: int, group_size: int) -> int:
-    """Groups of ``group_size`` tokens; a batch smaller than one group is a single group."""
+def num_groups(batch: int, length: int, group_size: int) -> int:
+    """Groups of ``group_size`` tokens (0: each sequence is a group); a batch smaller than one
+    group is a single group."""
+    if group_size == 0:
+        return batch
+    num_tokens = batch * length
     size = min(group_size, num_tokens)
     if num_tokens % size:
         raise LayoutError(f"MoE routing: {num_tokens} tokens per batch do not split into groups of "
@@ -30,16 +34,17 @@ class SwitchFFN(nnx.Module):
         self.wi = param(rngs, d_model ** -0.5, (E, d_model, d_ff), ("experts", "d_model", "d_ff"))
         self.wo = param(rngs, d_ff ** -0.5, (E, d_ff, d_model), ("experts", "d_ff", "d_model"))
 
-    def __call__(self, x_BLD, rate: float = 0.0, rng=None):
+    def __call__(self, x_BLD, rate: float = 0.0, rng=None, valid_BL=None):
         """Returns y_BLD (zero for dropped tokens) and the routing losses and metrics.
 
         ``rng`` None means evaluation: no jitter, no dropout, the eval capacity factor. ``rate``
         (the dense layers' dropout) is not used: experts drop at ``moe.expert_dropout``.
+        ``valid_BL`` false marks padding, which is not routed (it takes no expert capacity).
         """
         cfg, dt = self.cfg, x_BLD.dtype
         train = rng is not None
         B, L, D = x_BLD.shape
-        G = num_groups(B * L, cfg.group_size)
+        G = num_groups(B, L, cfg.group_size)
         N = B * L // G
         C = cfg.capacity(N, train)
         jitter_rng, drop_rng = split(rng, 2)
@@ -48,7 +53,8 @@ class SwitchFFN(nnx.Module):
         # Routing is per token: keep it where the tokens are (the router weight is tiny).
         logits_GNE = constrain(self.router(x_GND, cfg.jitter, jitter_rng),
                                ("groups", "group_size", "experts"))
-        r = route(logits_GNE, cfg.top_k, C, cfg.normalize_top_k)
+        valid_GN = None if valid_BL is None else valid_BL.reshape(G, N)
+        r = route(logits_GNE, cfg.top_k, C, cfg.normalize_top_k, valid_GN)
         # Pin the routing masks to the tokens' devices, so the partitioner moves tokens (one
         # all-to-all each way) rather than masks.
         mask_dims = ("groups", "group_size", "experts", "expert_capacity")

@@ -17,7 +17,7 @@ from switchzoo.layers import param
 class Routing(NamedTuple):
     dispatch_GNEC: jax.Array      # 1 where token n goes to slot c of expert e
     combine_GNEC: jax.Array       # its gate (0 for dropped tokens)
-    aux_loss: jax.Array           # Switch eq. 4, unweighted (1.0 at perfect balance)
+    aux_loss: jax.Array           # Switch eq. 4 (alpha = 1): 1.0 at perfect balance
     z_loss: jax.Array             # mean squared log-partition of the router logits
     metrics: dict                 # dropped_fraction, expert_load [E], router_confidence
 
@@ -47,20 +47,28 @@ def _top_k(probs_GNE, k: int):
     return jnp.stack(gates, -1), jnp.stack(indices, -1).astype(jnp.int32)
 
 
-def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True) -> Routing:
+def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
+          valid_GN=None) -> Routing:
     """Picks each token's top-k experts and gives it a slot while the expert has room.
 
     Priority is by choice, then position: every token's first choice is served (in position
     order) before any second choice, as in GShard. Tokens past capacity are dropped: they get no
-    slot, the layer outputs zero for them and the residual connection carries them.
+    slot, the layer outputs zero for them and the residual connection carries them. Tokens with
+    ``valid_GN`` false (padding) are not routed and count in no loss or metric.
+
+    With top_k > 1 this priority is not causal: a later token's first choice can take the slot
+    of an earlier token's second choice (as in GShard); top-1 routing is causal.
     """
     logits_GNE = logits_GNE.astype(jnp.float32)
     G, N, E = logits_GNE.shape
+    valid_GN = (jnp.ones((G, N), jnp.float32) if valid_GN is None
+                else valid_GN.astype(jnp.float32))
+    count = jnp.maximum(jnp.sum(valid_GN), 1.0)
     probs_GNE = jax.nn.softmax(logits_GNE, axis=-1)
     gates_GNP, index_GNP = _top_k(probs_GNE, top_k)
     if normalize and top_k > 1:
         gates_GNP = gates_GNP / jnp.sum(gates_GNP, axis=-1, keepdims=True)
-    mask_GNPE = jax.nn.one_hot(index_GNP, E, dtype=jnp.float32)
+    mask_GNPE = jax.nn.one_hot(index_GNP, E, dtype=jnp.float32) * valid_GN[:, :, None, None]
 
     # Slot = how many earlier (choice, position) pairs chose the same expert.
     flat_mask = jnp.swapaxes(mask_GNPE, 1, 2).reshape(G, top_k * N, E)      # [G, P*N, E]
@@ -72,14 +80,18 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True) -> Rout
     dispatch_GNEC = jnp.einsum("GNPE,GNPC->GNEC", keep_GNPE, onehot_GNPC)
     combine_GNEC = jnp.einsum("GNP,GNPE,GNPC->GNEC", gates_GNP, keep_GNPE, onehot_GNPC)
 
-    chosen_GNE = jnp.max(mask_GNPE, axis=2)
-    fraction_GE = jnp.mean(chosen_GNE, axis=1)
-    prob_GE = jnp.mean(probs_GNE, axis=1)
-    aux_loss = jnp.mean(jnp.sum(fraction_GE * prob_GE, axis=-1)) * E
-    z_loss = jnp.mean(jnp.square(jax.nn.logsumexp(logits_GNE, axis=-1)))
+    # Switch eq. 4 over first choices (as GShard), so it is 1.0 at perfect balance for any k:
+    # E * sum_e f_e * P_e, f_e = fraction of tokens whose first choice is e, P_e = mean prob.
+    per_group_GN = jnp.maximum(jnp.sum(valid_GN, axis=1, keepdims=True), 1.0)
+    fraction_GE = jnp.sum(mask_GNPE[:, :, 0], axis=1) / per_group_GN
+    prob_GE = jnp.sum(probs_GNE * valid_GN[..., None], axis=1) / per_group_GN
+    aux_loss = jnp.sum(fraction_GE * prob_GE) / jnp.maximum(jnp.sum(jnp.any(valid_GN > 0, 1)),
+                                                            1.0) * E
+    z_loss = jnp.sum(jnp.square(jax.nn.logsumexp(logits_GNE, axis=-1)) * valid_GN) / count
     metrics = {
-        "dropped_fraction": 1.0 - jnp.sum(keep_GNPE) / jnp.sum(mask_GNPE),
-        "expert_load": jnp.mean(mask_GNPE, axis=(0, 1, 2)),
-        "router_confidence": jnp.mean(jnp.max(probs_GNE, axis=-1)),
+        # per (token, pick) assignment: with top-2, a token may lose one pick and keep the other
+        "dropped_fraction": 1.0 - jnp.sum(keep_GNPE) / jnp.maximum(jnp.sum(mask_GNPE), 1.0),
+        "expert_load": jnp.sum(mask_GNPE, axis=(0, 1, 2)) / (count * top_k),
+        "router_confidence": jnp.sum(jnp.max(probs_GNE, axis=-1) * valid_GN) / count,
     }
     return Routing(dispatch_GNEC, combine_GNEC, aux_loss, z_loss, metrics)

@@ -64,17 +64,20 @@ def abstract_model(cfg: ModelConfig, seed: int = 0):
     return graphdef, nnx.to_pure_dict(state), module_dims(model)
 
 
-def tree_shardings(layout: layout_lib.Layout, tree, dims: dict):
+def tree_shardings(layout: layout_lib.Layout, tree, dims: dict, params):
     """NamedSharding per leaf of ``tree`` (params, optimizer state, or a whole TrainState).
 
-    A leaf whose key path ends with a parameter's path and has the parameter's rank follows
-    that parameter's dims (so Adam moments shard like their weights); the rest is replicated.
+    A leaf whose key path ends with a parameter's path and has that parameter's shape follows
+    its dims (so Adam moments shard like their weights); everything else (counters, Adafactor's
+    factored or placeholder statistics) is replicated.
     """
+    shapes = {tuple(map(_key, p)): x.shape for p, x in jax.tree_util.tree_leaves_with_path(params)}
+
     def one(path, leaf):
         keys = tuple(map(_key, path))
         for start in range(len(keys)):
             d = dims.get(keys[start:])
-            if d is not None and len(d) == len(leaf.shape):
+            if d is not None and shapes[keys[start:]] == leaf.shape:
                 return layout.sharding(d, leaf.shape, "/".join(map(str, keys[start:])))
         return layout.replicated()
     return jax.tree_util.tree_map_with_path(one, tree)
@@ -90,7 +93,7 @@ def abstract_state(cfg: ModelConfig, tx, seed: int = 0):
 def init_state(cfg: ModelConfig, tx, layout: layout_lib.Layout, seed: int = 0):
     """Initialises the state directly into its shardings. Returns (graphdef, state, shardings)."""
     graphdef, abstract, dims = abstract_state(cfg, tx, seed)
-    shardings = tree_shardings(layout, abstract, dims)
+    shardings = tree_shardings(layout, abstract, dims, abstract.params)
 
     def init():
         params = nnx.to_pure_dict(nnx.state(transformer.build(cfg, seed)))

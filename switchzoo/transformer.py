@@ -17,7 +17,8 @@ class Block(nnx.Module):
     """Self-attention, cross-attention (decoder of an encoder-decoder), then a dense or Switch
     feed-forward block; each pre-normed, each added to the residual stream."""
 
-    def __init__(self, cfg: ModelConfig, index: int, cross: bool, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, index: int, cross: bool, rngs: nnx.Rngs,
+                 encoder: bool = False):
         self.rate = cfg.dropout
         self.attn_norm = RMSNorm(cfg.d_model)
         self.attn = Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, rngs)
@@ -25,11 +26,12 @@ class Block(nnx.Module):
             self.cross_norm = RMSNorm(cfg.d_model)
             self.cross = Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, rngs)
         self.ffn_norm = RMSNorm(cfg.d_model)
-        sparse = cfg.moe is not None and cfg.moe.is_sparse(index)
+        sparse = cfg.moe is not None and cfg.moe.is_sparse(index, encoder)
         self.ffn = (SwitchFFN(cfg.d_model, cfg.d_ff, cfg.moe, rngs) if sparse
                     else Mlp(cfg.d_model, cfg.d_ff, rngs, cfg.activation))
 
-    def __call__(self, x_BTD, bias_BHTT, mask_BTT, enc_BSD=None, mask_BTS=None, rng=None):
+    def __call__(self, x_BTD, bias_BHTT, mask_BTT, enc_BSD=None, mask_BTS=None, rng=None,
+                 valid_BT=None):
         r_attn, r1, r_cross, r2, r_ffn, r3 = split(rng, 6)
         h_BTD = self.attn_norm(x_BTD)
         h_BTD = self.attn(h_BTD, h_BTD, bias_BHTT, mask_BTT, self.rate, r_attn)
@@ -37,7 +39,7 @@ class Block(nnx.Module):
         if enc_BSD is not None:
             h_BTD = self.cross(self.cross_norm(x_BTD), enc_BSD, 0.0, mask_BTS, self.rate, r_cross)
             x_BTD = x_BTD + dropout(h_BTD, self.rate, r2)
-        h_BTD, stats = self.ffn(self.ffn_norm(x_BTD), self.rate, r_ffn)
+        h_BTD, stats = self.ffn(self.ffn_norm(x_BTD), self.rate, r_ffn, valid_BT)
         x_BTD = x_BTD + dropout(h_BTD, self.rate, r3)
         return constrain(x_BTD, ("batch", "length", "d_model")), stats
 
@@ -46,11 +48,11 @@ class Stack(nnx.Module):
     """Layers over embedded tokens, then the final norm (an encoder or a decoder)."""
 
     def __init__(self, cfg: ModelConfig, num_layers: int, causal: bool, cross: bool,
-                 rngs: nnx.Rngs):
+                 rngs: nnx.Rngs, encoder: bool = False):
         self.cfg, self.causal = cfg, causal
         self.relpos = RelativePositionBias(cfg.relpos_buckets, cfg.relpos_max_distance,
                                            cfg.num_heads, bidirectional=not causal, rngs=rngs)
-        self.layers = nnx.List([Block(cfg, i, cross, rngs) for i in range(num_layers)])
+        self.layers = nnx.List([Block(cfg, i, cross, rngs, encoder) for i in range(num_layers)])
         self.final_norm = RMSNorm(cfg.d_model)
 
     def __call__(self, x_BTD, positions_BT, segments_BT, enc_BSD=None, enc_segments_BS=None,
@@ -69,7 +71,7 @@ class Stack(nnx.Module):
         x_BTD = dropout(x_BTD, self.cfg.dropout, r_in)
         stats = []
         for layer, r in zip(self.layers, r_layers):
-            x_BTD, s = layer(x_BTD, bias_BHTT, mask_BTT, enc_BSD, mask_BTS, r)
+            x_BTD, s = layer(x_BTD, bias_BHTT, mask_BTT, enc_BSD, mask_BTS, r, segments_BT != 0)
             if s:
                 stats.append(s)
         return dropout(self.final_norm(x_BTD), self.cfg.dropout, r_out), stats
@@ -124,7 +126,8 @@ class EncoderDecoder(_Head):
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         self._init_head(cfg, rngs)
-        self.encoder = Stack(cfg, cfg.num_encoder_layers, causal=False, cross=False, rngs=rngs)
+        self.encoder = Stack(cfg, cfg.num_encoder_layers, causal=False, cross=False, rngs=rngs,
+                             encoder=True)
         self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=True, rngs=rngs)
 
     def encode(self, src_BS, *, positions_BS=None, segments_BS=None, rng=None):

@@ -52,7 +52,7 @@ def compiled_collectives(module, preset, mesh, call, grad=False):
     lay = L.Layout.create(preset, mesh)
     dims = training.module_dims(module)
     params = nnx.to_pure_dict(state)
-    shardings = training.tree_shardings(lay, params, dims)
+    shardings = training.tree_shardings(lay, params, dims, params)
     x_sharding = lay.sharding(("batch", "length", "d_model"), strict=False)
 
     def f(params, x):

@@ -110,3 +110,8 @@ def test_constrain_is_a_noop_without_a_layout_and_checks_names():
     assert L.constrain(x, ("batch", "length")) is x
     with pytest.raises(ValueError, match="unknown dimension"):
         L.constrain(x, ("batch", "time"))
+
+
+def test_lenient_fallback_keeps_every_axis_that_still_divides():
+    lay = L.Layout.create("batch:data+expert", "data:4,expert:2")
+    assert lay.spec(("batch", "length"), (2, 16), strict=False) == P("expert")

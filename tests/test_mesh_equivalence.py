@@ -64,3 +64,12 @@ def test_same_step_on_every_mesh(reference, mesh, preset):
     assert_close(params, ref_params, "updated parameter", atol=1e-2 * LR)
     assert_close(opt_state, ref_opt, "optimizer state")
     assert float(metrics["loss"]) > 0 and np.isfinite(float(metrics["loss"]))
+
+
+def test_adafactor_state_shards_on_the_2d_layout():
+    tx = training.make_optimizer("adafactor", 1e-2, 1)
+    lay = L.Layout.create("2d", "data:4,model:2")
+    graphdef, state, shardings = training.init_state(CFG, tx, lay)
+    step = training.make_train_step(graphdef, CFG, tx, lay, shardings)
+    _, metrics = step(state, BATCH)
+    assert np.isfinite(float(metrics["loss"]))

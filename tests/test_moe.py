@@ -154,3 +154,36 @@ def test_expert_parallel_dispatch_compiles_to_all_to_all(preset, mesh, all_to_al
     x = jax.device_put(jnp.ones((8, 8, D)), x_sharding)
     counts = count_collectives(forward.lower(state, x).compile().as_text())
     assert (counts["all-to-all"] > 0) == all_to_all, counts
+
+
+def test_top2_aux_loss_is_one_at_perfect_balance_and_capacity_rounds_exactly():
+    # Token n prefers expert n % E first and (n + 1) % E second: first choices are balanced.
+    logits = jnp.stack([jnp.roll(jnp.array([3.0, 2.0, 0.0, 0.0]), n % E) for n in range(8)])[None]
+    probs = np.asarray(jax.nn.softmax(logits, -1))[0]
+    r = route(logits, top_k=2, capacity=8)
+    np.testing.assert_allclose(float(r.aux_loss), E * np.sum(0.25 * probs.mean(0)), rtol=1e-6)
+    np.testing.assert_allclose(float(r.aux_loss), 1.0, rtol=1e-6)
+    assert MoeConfig(num_experts=10, train_capacity_factor=1.1, min_capacity=1).capacity(
+        100, train=True) == 11
+
+
+def test_padding_is_not_routed_and_takes_no_capacity():
+    ffn = make(capacity_factor=0.5, group_size=16)
+    x = jax.random.normal(jax.random.key(8), (2, 8, D))
+    valid = jnp.array([[1] * 5 + [0] * 3, [1] * 8], bool)
+    noisy = x.at[0, 5:].set(jax.random.normal(jax.random.key(9), (3, D)) * 10)
+    y1, s1 = ffn(x, valid_BL=valid)
+    y2, s2 = ffn(noisy, valid_BL=valid)
+    np.testing.assert_allclose(y1[1], y2[1], rtol=1e-6)   # row 1 cannot see row 0's padding
+    assert np.all(np.asarray(y1)[0, 5:] == 0)
+    np.testing.assert_allclose(float(s1["aux_loss"]), float(s2["aux_loss"]), rtol=1e-6)
+    np.testing.assert_allclose(float(np.sum(s1["expert_load"])), 1.0, rtol=1e-6)
+
+
+def test_training_uses_the_train_capacity_factor():
+    cfg = MoeConfig(num_experts=E, group_size=16, min_capacity=1, train_capacity_factor=0.25,
+                    eval_capacity_factor=float(E))
+    ffn = SwitchFFN(D, F, cfg, nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(10), (2, 8, D))
+    assert float(ffn(x)[1]["dropped_fraction"]) == 0.0
+    assert float(ffn(x, rng=jax.random.key(0))[1]["dropped_fraction"]) >= 0.5
