@@ -9,6 +9,7 @@ DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 

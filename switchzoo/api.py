@@ -1,0 +1,90 @@
+"""The user-facing model: load, call for logits, generate, save back.
+
+    model = switchzoo.from_pretrained(hf_dir, mesh=None, layout=None)
+    logits = model(input_ids, attention_mask=mask, decoder_input_ids=dec)   # [B, T, V]
+    ids = model.generate(input_ids, attention_mask=mask, max_new_tokens=32)
+    model.save_pretrained(out_dir)
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from switchzoo import hf
+from switchzoo import layout as layout_lib
+from switchzoo.config import ModelConfig
+
+
+class Model:
+    """Config + sharded parameters + the layout they live on."""
+
+    def __init__(self, cfg: ModelConfig, graphdef, params, layout: layout_lib.Layout,
+                 hf_config: dict | None = None, dtypes: dict | None = None):
+        self.cfg, self.graphdef, self.params, self.layout = cfg, graphdef, params, layout
+        self.hf_config, self.dtypes = hf_config, dtypes
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return bool(self.cfg.num_encoder_layers)
+
+    def module(self):
+        """The Flax NNX module holding these parameters."""
+        return nnx.merge(self.graphdef, self.params)
+
+    @functools.cached_property
+    def _forward(self):
+        def forward(params, src, src_seg, tgt, tgt_seg):
+            model = nnx.merge(self.graphdef, params)
+            with layout_lib.use(self.layout):
+                if tgt is None:
+                    return model(src, segments_BL=src_seg)[0]
+                return model(src, tgt, src_segments=src_seg, tgt_segments=tgt_seg)[0]
+        return jax.jit(forward)
+
+    def __call__(self, input_ids, attention_mask=None, decoder_input_ids=None,
+                 decoder_attention_mask=None):
+        """Float32 logits [B, T, V] (evaluation mode), like transformers' forward."""
+        src = jnp.asarray(input_ids, jnp.int32)
+        src_seg = (jnp.ones_like(src) if attention_mask is None
+                   else jnp.asarray(attention_mask, jnp.int32))
+        if self.is_encoder_decoder:
+            if decoder_input_ids is None:
+                raise ValueError("an encoder-decoder needs decoder_input_ids (the targets shifted "
+                                 "right, starting with the pad id 0)")
+            tgt = jnp.asarray(decoder_input_ids, jnp.int32)
+            tgt_seg = (jnp.ones_like(tgt) if decoder_attention_mask is None
+                       else jnp.asarray(decoder_attention_mask, jnp.int32))
+            return self._forward(self.params, src, src_seg, tgt, tgt_seg)
+        if decoder_input_ids is not None:
+            raise ValueError("a decoder-only model takes input_ids only")
+        return self._forward(self.params, src, src_seg, None, None)
+
+    def save_pretrained(self, path) -> None:
+        """Writes the Hugging Face SwitchTransformers format (config.json + model.safetensors)."""
+        hf.save(path, self.cfg, self.params, self.hf_config, self.dtypes)
+
+
+def default_layout(mesh=None, layout=None) -> layout_lib.Layout:
+    """A preset or layout string on a Mesh or mesh spec; by default every local device holds
+    the whole model (data parallel)."""
+    layout = layout or "data_parallel"
+    if mesh is None:
+        preset = layout_lib.presets().get(layout)
+        mesh = preset.mesh if preset else "data:-1"
+    return layout_lib.Layout.create(layout, mesh)
+
+
+def from_pretrained(path, mesh=None, layout=None) -> Model:
+    """Loads a Hugging Face SwitchTransformers directory onto ``mesh`` under ``layout``."""
+    hf_config, cfg, files = hf.read_config(path)
+    lay = default_layout(mesh, layout)
+    graphdef, params, dtypes = hf.load_params(cfg, files, lay)
+    return Model(cfg, graphdef, params, lay, hf_config, dtypes)
+
+
+def as_numpy(x) -> np.ndarray:
+    return np.asarray(jax.device_get(x))

@@ -1,0 +1,299 @@
+"""Hugging Face SwitchTransformers checkpoints in and out (config.json + safetensors).
+
+Every tensor is checked by name and shape before anything is placed: missing, extra and
+mis-shaped tensors are errors listing the names (a converter that silently drops experts is the
+failure this guards against). Tensors go straight into their sharding on the mesh, one at a time,
+reading only the bytes of the shards this process holds. No pickle: .bin files are refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+
+import jax
+import numpy as np
+
+from switchzoo import layout as layout_lib
+from switchzoo import tensorfile, training
+from switchzoo.config import ModelConfig, MoeConfig
+
+INDEX = "model.safetensors.index.json"
+# Copies of shared.weight that some writers store (transformers 5 with untied output layers).
+ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+SINGLE = "model.safetensors"
+LIST_AT_MOST = 8
+
+
+class CheckpointError(ValueError):
+    """A Hugging Face directory that does not match what it claims to hold."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where one of our parameters lives in the HF file: one tensor, or one per expert, each
+    transposed (HF Linear weights are [out, in]) and reshaped into our named-dim layout."""
+    names: tuple[str, ...]
+    transpose: bool
+    stacked: bool                      # one HF tensor per expert, stacked along 'experts'
+
+
+# -------------------------------------------------------------------------------------- config
+
+def config_from_hf(hf: dict, sparse: dict[str, tuple[int, ...]]) -> ModelConfig:
+    """ModelConfig of a SwitchTransformers config.json; ``sparse`` lists each stack's sparse
+    layers as found in the weights (trusted over the config's sparse-step rule)."""
+    if hf.get("model_type") != "switch_transformers":
+        raise CheckpointError(f"config.json has model_type {hf.get('model_type')!r}; only "
+                              "'switch_transformers' checkpoints are read")
+    if hf.get("dense_act_fn", "relu") != "relu" or hf.get("router_bias"):
+        raise CheckpointError("config.json asks for dense_act_fn "
+                              f"{hf.get('dense_act_fn')!r} / router_bias {hf.get('router_bias')}; "
+                              "only ReLU experts without router bias (the published Switch "
+                              "checkpoints) are supported")
+    moe = None
+    if sparse["encoder"] or sparse["decoder"]:
+        moe = MoeConfig(
+            num_experts=hf["num_experts"], top_k=1, group_size=0,
+            expert_capacity=hf["expert_capacity"], jitter=hf.get("router_jitter_noise", 0.0),
+            aux_loss_weight=hf.get("router_aux_loss_coef", 0.001),
+            z_loss_weight=hf.get("router_z_loss_coef", 0.001),
+            encoder_sparse_layers=sparse["encoder"], sparse_layers=sparse["decoder"])
+    return ModelConfig(
+        vocab_size=hf["vocab_size"], d_model=hf["d_model"], num_heads=hf["num_heads"],
+        d_kv=hf["d_kv"], d_ff=hf["d_ff"], num_encoder_layers=hf["num_layers"],
+        num_layers=hf.get("num_decoder_layers") or hf["num_layers"],
+        dropout=hf.get("dropout_rate", 0.1),
+        relpos_buckets=hf.get("relative_attention_num_buckets", 32),
+        relpos_max_distance=hf.get("relative_attention_max_distance", 128),
+        tie_embeddings=hf.get("tie_word_embeddings", True), moe=moe)
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    """A SwitchTransformers config.json for a model that did not come from one."""
+    if not cfg.num_encoder_layers or cfg.activation != "relu":
+        raise CheckpointError("the Hugging Face SwitchTransformers format holds ReLU "
+                              "encoder-decoders only; this model is decoder-only or gated")
+    moe = cfg.moe or MoeConfig(num_experts=1)
+    enc = [i for i in range(cfg.num_encoder_layers) if cfg.moe and moe.is_sparse(i, True)]
+    dec = [i for i in range(cfg.num_layers) if cfg.moe and moe.is_sparse(i)]
+    return {
+        "architectures": ["SwitchTransformersForConditionalGeneration"],
+        "model_type": "switch_transformers", "vocab_size": cfg.vocab_size,
+        "d_model": cfg.d_model, "d_kv": cfg.d_kv, "d_ff": cfg.d_ff, "num_heads": cfg.num_heads,
+        "num_layers": cfg.num_encoder_layers, "num_decoder_layers": cfg.num_layers,
+        "num_sparse_encoder_layers": len(enc), "num_sparse_decoder_layers": len(dec),
+        "num_experts": moe.num_experts, "expert_capacity": moe.expert_capacity or 64,
+        "router_bias": False, "router_jitter_noise": moe.jitter, "router_dtype": "float32",
+        "router_aux_loss_coef": moe.aux_loss_weight, "router_z_loss_coef": moe.z_loss_weight,
+        "relative_attention_num_buckets": cfg.relpos_buckets,
+        "relative_attention_max_distance": cfg.relpos_max_distance,
+        "dropout_rate": cfg.dropout, "layer_norm_epsilon": 1e-6, "dense_act_fn": "relu",
+        "tie_word_embeddings": cfg.tie_embeddings, "is_encoder_decoder": True,
+        "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
+    }
+
+
+# ------------------------------------------------------------------------------------- mapping
+
+def sources(cfg: ModelConfig, params) -> dict[tuple, Source]:
+    """{our parameter path: its Source} for an encoder-decoder's abstract params."""
+    out = {("embed", "embedding"): Source(("shared.weight",), False, False)}
+    if not cfg.tie_embeddings:
+        out[("lm_head",)] = Source(("lm_head.weight",), True, False)
+    for stack in ("encoder", "decoder"):
+        ffn_at = 2 if stack == "decoder" else 1
+        out[(stack, "relpos", "embedding")] = Source(
+            (f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",), False, False)
+        out[(stack, "final_norm", "scale")] = Source((f"{stack}.final_layer_norm.weight",), False,
+                                                     False)
+        for i, layer in params[stack]["layers"].items():
+            hf = f"{stack}.block.{i}.layer"
+            mine = (stack, "layers", i)
+            for part, j, module in (("attn", 0, "SelfAttention"), ("cross", 1, "EncDecAttention")):
+                if part not in layer:
+                    continue
+                for w in "qkvo":
+                    out[mine + (part, w)] = Source((f"{hf}.{j}.{module}.{w}.weight",), True, False)
+                norm = "attn_norm" if part == "attn" else "cross_norm"
+                out[mine + (norm, "scale")] = Source((f"{hf}.{j}.layer_norm.weight",), False, False)
+            out[mine + ("ffn_norm", "scale")] = Source((f"{hf}.{ffn_at}.layer_norm.weight",), False,
+                                                       False)
+            mlp = f"{hf}.{ffn_at}.mlp"
+            if "router" in layer["ffn"]:
+                out[mine + ("ffn", "router", "w")] = Source((f"{mlp}.router.classifier.weight",),
+                                                            True, False)
+                for w in ("wi", "wo"):
+                    names = tuple(f"{mlp}.experts.expert_{e}.{w}.weight"
+                                  for e in range(cfg.moe.num_experts))
+                    out[mine + ("ffn", w)] = Source(names, True, True)
+            else:
+                for w in ("wi", "wo"):
+                    out[mine + ("ffn", w)] = Source((f"{mlp}.{w}.weight",), True, False)
+    return out
+
+
+def to_ours(hf_array: np.ndarray, source: Source, shape) -> np.ndarray:
+    """One HF tensor -> our layout (one expert's slice when stacked)."""
+    a = hf_array.T if source.transpose else hf_array
+    return np.asarray(a, np.float32).reshape(shape)
+
+
+def to_hf(ours: np.ndarray, source: Source, hf_shape) -> np.ndarray:
+    if source.transpose:
+        return np.ascontiguousarray(ours.reshape(tuple(hf_shape)[::-1]).T)
+    return ours.reshape(hf_shape)
+
+
+# -------------------------------------------------------------------------------------- files
+
+def _files(path: pathlib.Path) -> dict[str, tensorfile.TensorFile]:
+    """{tensor name: the file holding it} for a single file or a sharded index."""
+    if (path / INDEX).is_file():
+        weight_map = json.loads((path / INDEX).read_text())["weight_map"]
+        opened = {f: tensorfile.TensorFile(path / f) for f in sorted(set(weight_map.values()))}
+        for name, f in weight_map.items():
+            if name not in opened[f].header:
+                raise CheckpointError(f"{path / INDEX} places {name} in {f}, which does not hold "
+                                      "it; the index and the shards disagree")
+        return {name: opened[f] for name, f in weight_map.items()}
+    if (path / SINGLE).is_file():
+        f = tensorfile.TensorFile(path / SINGLE)
+        return {name: f for name in f.names()}
+    pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
+    hint = (f" (found {', '.join(pickled)}: pickle files are never loaded; convert them with "
+            "transformers' save_pretrained(safe_serialization=True))") if pickled else ""
+    raise CheckpointError(f"{path}: no {SINGLE} or {INDEX}{hint}")
+
+
+def _sparse_layers(names, stack: str) -> tuple[int, ...]:
+    pattern = re.compile(rf"^{stack}\.block\.(\d+)\.layer\.\d+\.mlp\.router\.classifier\.weight$")
+    return tuple(sorted(int(m.group(1)) for n in names if (m := pattern.match(n))))
+
+
+def _listing(names) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - LIST_AT_MOST} more" if len(names) > LIST_AT_MOST else ""
+    return ", ".join(names[:LIST_AT_MOST]) + more
+
+
+def read_config(path) -> tuple[dict, ModelConfig, dict[str, tensorfile.TensorFile]]:
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory; pass a Hugging Face model directory "
+                              "(config.json + model.safetensors)")
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path} has no config.json, so it is not a Hugging Face model "
+                              "directory; pass the folder holding config.json and the weights")
+    try:
+        hf = json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path / 'config.json'} is not valid JSON ({e})") from None
+    try:
+        files = _files(path)
+    except tensorfile.TensorFileError as e:
+        raise CheckpointError(str(e)) from None
+    sparse = {s: _sparse_layers(files, s) for s in ("encoder", "decoder")}
+    try:
+        return hf, config_from_hf(hf, sparse), files
+    except KeyError as e:
+        raise CheckpointError(f"{path / 'config.json'} lacks the key {e}") from None
+
+
+def check(cfg: ModelConfig, params, files: dict) -> dict[tuple, Source]:
+    """Every expected tensor present with its shape, nothing unexplained left over."""
+    srcs = sources(cfg, params)
+    expected = {}
+    for path, src in srcs.items():
+        shape = _leaf(params, path).shape
+        for name in src.names:
+            single = shape[1:] if src.stacked else shape
+            want = tuple(single)[::-1] if src.transpose else tuple(single)
+            if src.transpose and len(single) == 3:          # attention [D,H,K] / [H,K,D]
+                want = ((single[1] * single[2], single[0]) if path[-1] != "o"
+                        else (single[2], single[0] * single[1]))
+            expected[name] = want
+    aliases = set(ALIASES) | ({"lm_head.weight"} if cfg.tie_embeddings else set())
+    missing = set(expected) - set(files)
+    extra = set(files) - set(expected) - aliases
+    wrong = {n: (files[n].shape(n), s) for n, s in expected.items()
+             if n in files and files[n].shape(n) != s}
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {_listing(missing)}")
+    if extra:
+        problems.append(f"unexpected tensors (not part of this config; refusing to drop "
+                        f"them): {_listing(extra)}")
+    if wrong:
+        problems.append("mis-shaped tensors: " + _listing(
+            f"{n} {tuple(g)} (config says {s})" for n, (g, s) in wrong.items()))
+    for alias in sorted(aliases & set(files)):
+        if not np.array_equal(files[alias].get(alias), files["shared.weight"].get("shared.weight")):
+            problems.append(f"{alias} differs from shared.weight; switchzoo models share one "
+                            "input embedding between encoder and decoder (and, when tied, the "
+                            "output layer), as the published Switch checkpoints do")
+    if problems:
+        raise CheckpointError("checkpoint does not match its config.json: " + "; ".join(problems))
+    return srcs
+
+
+def _leaf(tree, path):
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def load_params(cfg: ModelConfig, files: dict, layout: layout_lib.Layout):
+    """Places every tensor into its sharding, reading only the shards this process holds.
+    Returns (graphdef, params, file facts: each tensor's dtype and the aliases present)."""
+    graphdef, abstract, dims = training.abstract_model(cfg)
+    srcs = check(cfg, abstract, files)
+    dtypes = {"aliases": [a for a in ALIASES if a in files]}
+
+    def place(path, leaf):
+        path = tuple(map(training._key, path))
+        src = srcs[path]
+        sharding = layout.sharding(dims[path], leaf.shape, "/".join(map(str, path)))
+        dtypes["/".join(map(str, path))] = str(files[src.names[0]].dtype(src.names[0]))
+        if src.stacked:
+            def shard(index):
+                experts = range(*index[0].indices(leaf.shape[0]))
+                return np.stack([to_ours(files[src.names[e]].get(src.names[e]), src,
+                                         leaf.shape[1:])[index[1:]] for e in experts])
+        else:
+            whole = to_ours(files[src.names[0]].get(src.names[0]), src, leaf.shape)
+
+            def shard(index):
+                return whole[index]
+        return jax.make_array_from_callback(leaf.shape, sharding, shard)
+
+    params = jax.tree_util.tree_map_with_path(place, abstract)
+    return graphdef, params, dtypes
+
+
+def save(path, cfg: ModelConfig, params, hf_config: dict | None = None,
+         dtypes: dict | None = None) -> None:
+    """Writes config.json + model.safetensors (HF names and layouts), gathering one tensor at
+    a time; ``dtypes`` restores each tensor's original dtype so a round trip is bit-identical."""
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf_config = hf_config or config_to_hf(cfg)
+    srcs = sources(cfg, params)
+    tensors = {}
+    for key, src in srcs.items():
+        ours = np.asarray(jax.device_get(_leaf(params, key)))
+        dtype = np.dtype(tensorfile.DTYPES[tensorfile.CODES[np.dtype((dtypes or {}).get(
+            "/".join(map(str, key)), "float32"))]])
+        pieces = list(ours) if src.stacked else [ours]
+        for name, piece in zip(src.names, pieces):
+            hf_shape = piece.T.shape if src.transpose and piece.ndim == 2 else None
+            if src.transpose and piece.ndim == 3:
+                hf_shape = ((piece.shape[1] * piece.shape[2], piece.shape[0]) if key[-1] != "o"
+                            else (piece.shape[2], piece.shape[0] * piece.shape[1]))
+            tensors[name] = to_hf(piece, src, hf_shape or piece.shape).astype(dtype)
+    aliases = (dtypes or {}).get("aliases", [] if cfg.tie_embeddings else list(ALIASES))
+    for alias in aliases:
+        tensors[alias] = tensors["shared.weight"]
+    tensorfile.write(path / SINGLE, tensors, {"format": "pt"})
+    (path / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
