@@ -3,13 +3,13 @@ import importlib
 
 from switchzoo.config import ModelConfig, MoeConfig
 
-__all__ = ["ModelConfig", "MoeConfig", "from_pretrained", "Model", "dims", "layout", "zoo",
+__all__ = ["ModelConfig", "MoeConfig", "from_pretrained", "init", "Model", "dims", "layout", "zoo",
            "training", "hf"]
 
 
 def __getattr__(name):
     # Submodules load on first use, so `python -m switchzoo.layout` runs without a warning.
-    if name in ("from_pretrained", "Model"):
+    if name in ("from_pretrained", "Model", "init"):
         return getattr(importlib.import_module("switchzoo.api"), name)
     if name in __all__:
         return importlib.import_module(f"switchzoo.{name}")

@@ -63,6 +63,29 @@ class Model:
             raise ValueError("a decoder-only model takes input_ids only")
         return self._forward(self.params, src, src_seg, None, None)
 
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32,
+                 num_beams: int = 1, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int = 0, length_penalty: float = 0.6, eos_token_id: int = 1,
+                 seed: int = 0) -> np.ndarray:
+        """Generated ids, as transformers returns them: an encoder-decoder's start token 0 then
+        the new tokens; a decoder-only model's prompt then the new tokens (0 after EOS)."""
+        from switchzoo import decoding
+        src = jnp.asarray(input_ids, jnp.int32)
+        seg = (jnp.ones_like(src) if attention_mask is None
+               else jnp.asarray(attention_mask, jnp.int32))
+        with layout_lib.use(self.layout):
+            if num_beams > 1:
+                new, _ = decoding.beam_search(self.graphdef, self.params, src, seg,
+                                              max_new=max_new_tokens, beams=num_beams,
+                                              alpha=length_penalty, eos_id=eos_token_id)
+            else:
+                new = decoding.sample(self.graphdef, self.params, src, seg,
+                                      jax.random.key(seed), max_new=max_new_tokens,
+                                      greedy=not do_sample, temperature=temperature,
+                                      top_k=top_k, eos_id=eos_token_id)
+        prefix = np.zeros((src.shape[0], 1), np.int32) if self.is_encoder_decoder else src
+        return np.concatenate([np.asarray(prefix), as_numpy(new)], axis=1)
+
     def save_pretrained(self, path) -> None:
         """Writes the Hugging Face SwitchTransformers format (config.json + model.safetensors)."""
         hf.save(path, self.cfg, self.params, self.hf_config, self.dtypes)
@@ -76,6 +99,18 @@ def default_layout(mesh=None, layout=None) -> layout_lib.Layout:
         preset = layout_lib.presets().get(layout)
         mesh = preset.mesh if preset else "data:-1"
     return layout_lib.Layout.create(layout, mesh)
+
+
+def init(model: str | ModelConfig, seed: int = 0, mesh=None, layout=None) -> Model:
+    """A freshly initialised model (a catalogue name or a ModelConfig), born sharded."""
+    from switchzoo import training, transformer, zoo
+    cfg = zoo.get(model) if isinstance(model, str) else model
+    lay = default_layout(mesh, layout)
+    graphdef, abstract, dims = training.abstract_model(cfg, seed)
+    shardings = training.tree_shardings(lay, abstract, dims, abstract)
+    params = jax.jit(lambda: nnx.to_pure_dict(nnx.state(transformer.build(cfg, seed))),
+                     out_shardings=shardings)()
+    return Model(cfg, graphdef, params, lay)
 
 
 def from_pretrained(path, mesh=None, layout=None) -> Model:

@@ -107,13 +107,20 @@ class Attention(nnx.Module):
                        ("heads", "d_kv", "d_model"))
 
     def __call__(self, x_BTD, kv_BSD, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None):
-        dt = x_BTD.dtype
-        q_BTHK = jnp.einsum("BTD,DHK->BTHK", x_BTD, self.q[...].astype(dt))
+        return self.attend(x_BTD, *self.project_kv(kv_BSD), bias_BHTS, mask_BTS, rate, rng)
+
+    def project_kv(self, kv_BSD):
+        """Keys and values [B, S, H, K] (what a decoding cache stores)."""
+        dt = kv_BSD.dtype
         k_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.k[...].astype(dt))
         v_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.v[...].astype(dt))
+        return (constrain(k_BSHK, ("batch", "length", "heads", "d_kv")),
+                constrain(v_BSHK, ("batch", "length", "heads", "d_kv")))
+
+    def attend(self, x_BTD, k_BSHK, v_BSHK, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None):
+        dt = x_BTD.dtype
+        q_BTHK = jnp.einsum("BTD,DHK->BTHK", x_BTD, self.q[...].astype(dt))
         q_BTHK = constrain(q_BTHK, ("batch", "length", "heads", "d_kv"))
-        k_BSHK = constrain(k_BSHK, ("batch", "length", "heads", "d_kv"))
-        v_BSHK = constrain(v_BSHK, ("batch", "length", "heads", "d_kv"))
         s_BHTS = jnp.einsum("BTHK,BSHK->BHTS", q_BTHK, k_BSHK).astype(jnp.float32)
         s_BHTS = s_BHTS + bias_BHTS + jnp.where(mask_BTS[:, None], 0.0, NEG_INF)
         p_BHTS = dropout(jax.nn.softmax(s_BHTS, axis=-1).astype(dt), rate, rng)

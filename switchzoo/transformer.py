@@ -1,8 +1,13 @@
 """Transformer assemblies on the named-dimension layers: the T5/Switch encoder-decoder and the
 decoder-only LM. Pre-norm RMSNorm, relative-position bias shared by the layers of a stack, no
-biases; which FFNs are Switch layers is decided per stack by ``MoeConfig.is_sparse``."""
+biases; which FFNs are Switch layers is decided per stack by ``MoeConfig.is_sparse``.
+
+Decoding runs the same code with a cache: per layer the self-attention keys/values [B, Tmax, H, K]
+written at ``index`` (and the cross-attention keys/values of the encoder output), plus which
+cached positions hold tokens (``valid``)."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -19,7 +24,7 @@ class Block(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, index: int, cross: bool, rngs: nnx.Rngs,
                  encoder: bool = False):
-        self.rate = cfg.dropout
+        self.rate, self.has_cross = cfg.dropout, cross
         self.attn_norm = RMSNorm(cfg.d_model)
         self.attn = Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, rngs)
         if cross:
@@ -30,18 +35,28 @@ class Block(nnx.Module):
         self.ffn = (SwitchFFN(cfg.d_model, cfg.d_ff, cfg.moe, rngs) if sparse
                     else Mlp(cfg.d_model, cfg.d_ff, rngs, cfg.activation))
 
-    def __call__(self, x_BTD, bias_BHTT, mask_BTT, enc_BSD=None, mask_BTS=None, rng=None,
-                 valid_BT=None):
+    def __call__(self, x_BTD, bias_BHTS, mask_BTS, enc_BSD=None, cross_mask_BTS=None, rng=None,
+                 valid_BT=None, cache=None, index=None):
+        """Returns (x_BTD, Switch stats, cache); with a cache, this block's new keys/values are
+        written at ``index`` and attention runs over the whole cache."""
         r_attn, r1, r_cross, r2, r_ffn, r3 = split(rng, 6)
         h_BTD = self.attn_norm(x_BTD)
-        h_BTD = self.attn(h_BTD, h_BTD, bias_BHTT, mask_BTT, self.rate, r_attn)
+        k_BSHK, v_BSHK = self.attn.project_kv(h_BTD)
+        if cache is not None:
+            k_BSHK = jax.lax.dynamic_update_slice(cache["k"], k_BSHK, (0, index, 0, 0))
+            v_BSHK = jax.lax.dynamic_update_slice(cache["v"], v_BSHK, (0, index, 0, 0))
+            cache = {**cache, "k": k_BSHK, "v": v_BSHK}
+        h_BTD = self.attn.attend(h_BTD, k_BSHK, v_BSHK, bias_BHTS, mask_BTS, self.rate, r_attn)
         x_BTD = x_BTD + dropout(h_BTD, self.rate, r1)
-        if enc_BSD is not None:
-            h_BTD = self.cross(self.cross_norm(x_BTD), enc_BSD, 0.0, mask_BTS, self.rate, r_cross)
+        if self.has_cross:
+            kv = ((cache["cross_k"], cache["cross_v"]) if cache is not None
+                  else self.cross.project_kv(enc_BSD))
+            h_BTD = self.cross.attend(self.cross_norm(x_BTD), *kv, 0.0, cross_mask_BTS,
+                                      self.rate, r_cross)
             x_BTD = x_BTD + dropout(h_BTD, self.rate, r2)
         h_BTD, stats = self.ffn(self.ffn_norm(x_BTD), self.rate, r_ffn, valid_BT)
         x_BTD = x_BTD + dropout(h_BTD, self.rate, r3)
-        return constrain(x_BTD, ("batch", "length", "d_model")), stats
+        return constrain(x_BTD, ("batch", "length", "d_model")), stats, cache
 
 
 class Stack(nnx.Module):
@@ -56,25 +71,51 @@ class Stack(nnx.Module):
         self.final_norm = RMSNorm(cfg.d_model)
 
     def __call__(self, x_BTD, positions_BT, segments_BT, enc_BSD=None, enc_segments_BS=None,
-                 rng=None):
-        """Segments mark packed sequences (0 = padding); returns x_BTD and the Switch stats."""
+                 rng=None, cache=None, index=None):
+        """Segments mark packed sequences (0 = padding). Returns (x_BTD, Switch stats, cache).
+
+        With a cache (decoding), the tokens are the next ones after ``index`` cached positions;
+        each attends to every valid cached position at or before its own."""
         T = x_BTD.shape[1]
-        mask_BTT = segments_BT[:, :, None] == segments_BT[:, None, :]
+        if cache is None:
+            k_pos_BS, k_seg_BS = positions_BT, segments_BT
+            mask_BTS = segments_BT[:, :, None] == k_seg_BS[:, None, :]
+        else:
+            valid_BS = jax.lax.dynamic_update_slice(cache["valid"], segments_BT != 0, (0, index))
+            k_pos_BS = jnp.broadcast_to(jnp.arange(valid_BS.shape[1]), valid_BS.shape)
+            mask_BTS = jnp.broadcast_to(valid_BS[:, None, :], (x_BTD.shape[0], T, valid_BS.shape[1]))
+            cache = {**cache, "valid": valid_BS}
         if self.causal:
-            mask_BTT = mask_BTT & jnp.tril(jnp.ones((T, T), bool))
-        mask_BTS = None
-        if enc_BSD is not None:
-            mask_BTS = ((segments_BT[:, :, None] == enc_segments_BS[:, None, :])
-                        & (enc_segments_BS[:, None, :] != 0))
-        bias_BHTT = self.relpos(positions_BT, positions_BT)
+            mask_BTS = mask_BTS & (k_pos_BS[:, None, :] <= positions_BT[:, :, None])
+        cross_mask_BTS = None
+        if enc_segments_BS is not None:
+            cross_mask_BTS = ((segments_BT[:, :, None] == enc_segments_BS[:, None, :])
+                              & (enc_segments_BS[:, None, :] != 0))
+        bias_BHTS = self.relpos(positions_BT, k_pos_BS)
         r_in, r_out, *r_layers = split(rng, len(self.layers) + 2)
         x_BTD = dropout(x_BTD, self.cfg.dropout, r_in)
-        stats = []
-        for layer, r in zip(self.layers, r_layers):
-            x_BTD, s = layer(x_BTD, bias_BHTT, mask_BTT, enc_BSD, mask_BTS, r, segments_BT != 0)
+        stats, layer_caches = [], []
+        for i, (layer, r) in enumerate(zip(self.layers, r_layers)):
+            x_BTD, s, c = layer(x_BTD, bias_BHTS, mask_BTS, enc_BSD, cross_mask_BTS, r,
+                                segments_BT != 0, None if cache is None else cache["layers"][i],
+                                index)
+            layer_caches.append(c)
             if s:
                 stats.append(s)
-        return dropout(self.final_norm(x_BTD), self.cfg.dropout, r_out), stats
+        if cache is not None:
+            cache = {**cache, "layers": layer_caches}
+        return dropout(self.final_norm(x_BTD), self.cfg.dropout, r_out), stats, cache
+
+    def init_cache(self, batch: int, max_length: int, enc_BSD=None, dtype=jnp.float32) -> dict:
+        """An empty decoding cache (with the cross-attention keys/values of ``enc_BSD``)."""
+        shape = (batch, max_length, self.cfg.num_heads, self.cfg.d_kv)
+        layers = []
+        for layer in self.layers:
+            c = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+            if layer.has_cross:
+                c["cross_k"], c["cross_v"] = layer.cross.project_kv(enc_BSD)
+            layers.append(c)
+        return {"valid": jnp.zeros((batch, max_length), bool), "layers": layers}
 
 
 def _defaults(ids_BL, positions_BL, segments_BL):
@@ -104,6 +145,18 @@ class _Head(nnx.Module):
             logits_BLV = constrain(logits_BLV, ("batch", "length", "vocab"))
         return logits_BLV.astype(jnp.float32)
 
+    def decode(self, ids_BT, cache: dict, index, segments_BT=None, enc_segments_BS=None):
+        """Logits of the next tokens given the cache; returns (logits [B, T, V], cache).
+        The tokens sit at positions index .. index+T-1."""
+        B, T = ids_BT.shape
+        positions_BT = jnp.broadcast_to(index + jnp.arange(T), (B, T))
+        if segments_BT is None:
+            segments_BT = jnp.ones((B, T), jnp.int32)
+        x_BTD = self.embed(ids_BT, jnp.dtype(self.cfg.dtype))
+        x_BTD, _, cache = self.decoder(x_BTD, positions_BT, segments_BT,
+                                       enc_segments_BS=enc_segments_BS, cache=cache, index=index)
+        return self._logits(x_BTD), cache
+
 
 class DecoderLM(_Head):
     """Decoder-only language model (a T5 decoder without cross-attention)."""
@@ -117,8 +170,11 @@ class DecoderLM(_Head):
         ``rng`` None means evaluation (no dropout or jitter, the eval capacity factor)."""
         positions_BL, segments_BL = _defaults(ids_BL, positions_BL, segments_BL)
         x_BLD = self.embed(ids_BL, jnp.dtype(self.cfg.dtype))
-        x_BLD, stats = self.decoder(x_BLD, positions_BL, segments_BL, rng=rng)
+        x_BLD, stats, _ = self.decoder(x_BLD, positions_BL, segments_BL, rng=rng)
         return self._logits(x_BLD), _stack(stats)
+
+    def init_cache(self, batch: int, max_length: int) -> dict:
+        return self.decoder.init_cache(batch, max_length)
 
 
 class EncoderDecoder(_Head):
@@ -131,9 +187,11 @@ class EncoderDecoder(_Head):
         self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=True, rngs=rngs)
 
     def encode(self, src_BS, *, positions_BS=None, segments_BS=None, rng=None):
+        """Encoder output [B, S, D] and the encoder's Switch stats."""
         positions_BS, segments_BS = _defaults(src_BS, positions_BS, segments_BS)
         x_BSD = self.embed(src_BS, jnp.dtype(self.cfg.dtype))
-        return self.encoder(x_BSD, positions_BS, segments_BS, rng=rng)
+        x_BSD, stats, _ = self.encoder(x_BSD, positions_BS, segments_BS, rng=rng)
+        return x_BSD, stats
 
     def __call__(self, src_BS, tgt_BT, *, src_positions=None, src_segments=None,
                  tgt_positions=None, tgt_segments=None, rng=None):
@@ -145,9 +203,12 @@ class EncoderDecoder(_Head):
         enc_BSD, enc_stats = self.encode(src_BS, positions_BS=src_positions,
                                          segments_BS=src_segments, rng=r_enc)
         y_BTD = self.embed(tgt_BT, jnp.dtype(self.cfg.dtype))
-        y_BTD, dec_stats = self.decoder(y_BTD, tgt_positions, tgt_segments, enc_BSD,
-                                        src_segments, rng=r_dec)
+        y_BTD, dec_stats, _ = self.decoder(y_BTD, tgt_positions, tgt_segments, enc_BSD,
+                                           src_segments, rng=r_dec)
         return self._logits(y_BTD), _stack(enc_stats + dec_stats)
+
+    def init_cache(self, batch: int, max_length: int, enc_BSD) -> dict:
+        return self.decoder.init_cache(batch, max_length, enc_BSD)
 
 
 def _stack(stats: list[dict]) -> dict:

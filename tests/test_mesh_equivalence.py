@@ -1,10 +1,11 @@
 """One train step of switch_tiny gives the same loss, gradients, optimizer state and updated
 parameters on one device and on every mesh under its preset (fp32, rtol 1e-5).
 
-Adam divides each gradient by its own magnitude, so where a gradient is ~1e-8 (Adam's eps) a
-1e-5 relative difference in it, from a different summation order, moves the update by far more
-than 1e-5. The moments are compared at rtol 1e-5; the updated parameters at 1% of one step
-(lr), which a sharding bug (a lost shard, a double count) would exceed by orders of magnitude.
+Adam divides each gradient by its own magnitude, so where a gradient element is tiny next to
+its tensor (it cancels to ~0, and a different summation order changes it by more than 1e-5 of
+itself) its update direction is noise. The moments are compared at rtol 1e-5 everywhere; the
+updated parameters at rtol 1e-5 wherever |g| >= 1e-3 max|g| of their tensor, and elsewhere
+only to within one step (2 lr), which any lost shard or double count would break.
 """
 import jax
 import numpy as np
@@ -36,12 +37,12 @@ def reference():
     return one_step(L.make_mesh("data:1", devices=jax.devices()[:1]), "data_parallel")
 
 
-def assert_close(got, want, what, atol=None):
+def assert_close(got, want, what):
     """rtol 1e-5 elementwise, with an absolute floor of 1e-5 of each tensor's largest entry
     (so values that cancel to ~0 are compared at the tensor's scale)."""
     def check(path, a, b):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        floor = atol if atol is not None else 1e-5 * max(np.max(np.abs(b)), 1e-30)
+        floor = 1e-5 * max(np.max(np.abs(b)), 1e-30)
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=floor,
                                    err_msg=f"{what} {jax.tree_util.keystr(path)}")
     jax.tree_util.tree_map_with_path(check, got, want)
@@ -61,7 +62,13 @@ def test_same_step_on_every_mesh(reference, mesh, preset):
     ref_metrics, ref_grads, ref_params, ref_opt = reference
     assert_close(metrics, ref_metrics, "metrics")
     assert_close(grads, ref_grads, "gradient")
-    assert_close(params, ref_params, "updated parameter", atol=1e-2 * LR)
+    def check_update(path, p, want, g):
+        p, want, g = (np.asarray(a, np.float64) for a in (p, want, g))
+        sound = np.abs(g) >= 1e-3 * np.max(np.abs(g))
+        np.testing.assert_allclose(p[sound], want[sound], rtol=1e-5, atol=1e-7,
+                                   err_msg=f"updated parameter {jax.tree_util.keystr(path)}")
+        assert np.all(np.abs(p - want) <= 2 * LR * 1.001), jax.tree_util.keystr(path)
+    jax.tree_util.tree_map_with_path(check_update, params, ref_params, ref_grads)
     assert_close(opt_state, ref_opt, "optimizer state")
     assert float(metrics["loss"]) > 0 and np.isfinite(float(metrics["loss"]))
 

@@ -1,0 +1,107 @@
+"""Decoding: greedy equals transformers' greedy on Hugging Face checkpoints, cached decoding
+equals recomputing the whole prefix, beam search and sampling behave."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from transformers import SwitchTransformersConfig, SwitchTransformersForConditionalGeneration
+
+import switchzoo
+from switchzoo import zoo
+
+from test_hf import CONFIGS
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def checkpoint(request, tmp_path_factory):
+    torch.manual_seed(0)
+    model = SwitchTransformersForConditionalGeneration(
+        SwitchTransformersConfig(expert_capacity=64, initializer_factor=4.0,
+                                 **CONFIGS[request.param])).eval()
+    with torch.no_grad():
+        # A random model mostly predicts the pad id; a zero row makes the output less trivial.
+        model.shared.weight[0] = 0
+        model.encoder.embed_tokens.weight.copy_(model.shared.weight)
+        model.decoder.embed_tokens.weight.copy_(model.shared.weight)
+        if not model.config.tie_word_embeddings:
+            model.lm_head.weight[0] = 0
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    rng = np.random.default_rng(1)
+    src = rng.integers(2, model.config.vocab_size, (3, 11))
+    mask = np.ones_like(src)
+    mask[0, 7:] = 0
+    return model, switchzoo.from_pretrained(path), src * mask, mask
+
+
+def uncached_greedy(model, src, mask, steps):
+    dec = np.zeros((src.shape[0], 1), np.int32)
+    for _ in range(steps):
+        logits = np.asarray(model(src, attention_mask=mask, decoder_input_ids=dec))
+        dec = np.concatenate([dec, logits[:, -1].argmax(-1)[:, None]], 1)
+    return dec
+
+
+def test_greedy_equals_transformers_greedy(checkpoint):
+    hf_model, ours, src, mask = checkpoint
+    # transformers 5 sizes its cache by the encoder depth, so a decoder deeper than the encoder
+    # only generates without a cache there.
+    use_cache = hf_model.config.num_decoder_layers <= hf_model.config.num_layers
+    with torch.no_grad():
+        want = hf_model.generate(input_ids=torch.tensor(src), attention_mask=torch.tensor(mask),
+                                 max_new_tokens=12, do_sample=False, num_beams=1,
+                                 decoder_start_token_id=0, use_cache=use_cache).numpy()
+    got = ours.generate(src, attention_mask=mask, max_new_tokens=12)
+    assert len(set(want[:, 1:].ravel())) >= 3, "the oracle output is too trivial to compare"
+    np.testing.assert_array_equal(got[:, :want.shape[1]], want)
+    assert np.all(got[:, want.shape[1]:] == 0)
+
+
+def test_cached_equals_uncached_encoder_decoder(checkpoint):
+    _, ours, src, mask = checkpoint
+    np.testing.assert_array_equal(ours.generate(src, attention_mask=mask, max_new_tokens=8),
+                                  uncached_greedy(ours, src, mask, 8))
+
+
+def test_cached_equals_uncached_decoder_only():
+    cfg = zoo.get("switch_tiny")
+    # Evaluation capacity high enough that neither path drops tokens (their groups differ).
+    cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, eval_capacity_factor=8.0))
+    model = switchzoo.init(cfg, seed=3)
+    prompt = np.random.default_rng(2).integers(1, 256, (2, 5))
+    got = model.generate(prompt, max_new_tokens=10)
+    ids = prompt
+    for _ in range(10):
+        ids = np.concatenate([ids, np.asarray(model(ids))[:, -1].argmax(-1)[:, None]], 1)
+    np.testing.assert_array_equal(got, ids)
+
+
+def test_beam_search(checkpoint):
+    _, ours, src, mask = checkpoint
+    greedy = ours.generate(src, attention_mask=mask, max_new_tokens=8)
+    np.testing.assert_array_equal(ours.generate(src, attention_mask=mask, max_new_tokens=8,
+                                                num_beams=1), greedy)
+    beam = ours.generate(src, attention_mask=mask, max_new_tokens=8, num_beams=4)
+    assert beam.shape == greedy.shape
+
+    def logprob(seq):      # sum of log-probabilities of the generated tokens under the model
+        logits = np.asarray(ours(src, attention_mask=mask, decoder_input_ids=seq[:, :-1]))
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        return np.take_along_axis(logp, seq[:, 1:, None], -1)[..., 0].sum(-1)
+    assert np.all(logprob(beam) >= logprob(greedy) - 1e-4)
+
+
+def test_eos_ends_a_sequence_and_sampling_is_seeded(checkpoint):
+    _, ours, src, mask = checkpoint
+    greedy = ours.generate(src, attention_mask=mask, max_new_tokens=8)
+    eos = int(greedy[1, 2])
+    ended = ours.generate(src, attention_mask=mask, max_new_tokens=8, eos_token_id=eos)
+    first = int(np.argmax(greedy[1] == eos))
+    np.testing.assert_array_equal(ended[1, :first + 1], greedy[1, :first + 1])
+    assert np.all(ended[1, first + 1:] == 0)
+    a = ours.generate(src, attention_mask=mask, max_new_tokens=8, do_sample=True, seed=5)
+    b = ours.generate(src, attention_mask=mask, max_new_tokens=8, do_sample=True, seed=5)
+    np.testing.assert_array_equal(a, b)
+    top1 = ours.generate(src, attention_mask=mask, max_new_tokens=8, do_sample=True, top_k=1)
+    np.testing.assert_array_equal(top1, greedy)
