@@ -36,10 +36,15 @@ def checkpoint(request, tmp_path_factory):
 
 
 def uncached_greedy(model, src, mask, steps):
-    dec = np.zeros((src.shape[0], 1), np.int32)
-    for _ in range(steps):
-        logits = np.asarray(model(src, attention_mask=mask, decoder_input_ids=dec))
-        dec = np.concatenate([dec, logits[:, -1].argmax(-1)[:, None]], 1)
+    """Recomputes the whole prefix each step. The decoder input has a fixed length (one
+    compile); positions past the prefix are masked padding, which causal attention cannot see
+    and routing skips."""
+    dec = np.zeros((src.shape[0], steps + 1), np.int32)
+    for t in range(steps):
+        dec_mask = (np.arange(steps + 1) <= t)[None].repeat(src.shape[0], 0).astype(np.int32)
+        logits = np.asarray(model(src, attention_mask=mask, decoder_input_ids=dec,
+                                  decoder_attention_mask=dec_mask))
+        dec[:, t + 1] = logits[:, t].argmax(-1)
     return dec
 
 
@@ -71,9 +76,10 @@ def test_cached_equals_uncached_decoder_only():
     model = switchzoo.init(cfg, seed=3)
     prompt = np.random.default_rng(2).integers(1, 256, (2, 5))
     got = model.generate(prompt, max_new_tokens=10)
-    ids = prompt
-    for _ in range(10):
-        ids = np.concatenate([ids, np.asarray(model(ids))[:, -1].argmax(-1)[:, None]], 1)
+    ids = np.concatenate([prompt, np.zeros((2, 10), np.int64)], 1)
+    for t in range(5, 15):
+        mask = (np.arange(15) < t)[None].repeat(2, 0).astype(np.int32)
+        ids[:, t] = np.asarray(model(ids, attention_mask=mask))[:, t - 1].argmax(-1)
     np.testing.assert_array_equal(got, ids)
 
 
@@ -87,7 +93,8 @@ def test_beam_search(checkpoint):
 
     def logprob(seq):      # sum of log-probabilities of the generated tokens under the model
         logits = np.asarray(ours(src, attention_mask=mask, decoder_input_ids=seq[:, :-1]))
-        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        top = logits.max(-1, keepdims=True)
+        logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
         return np.take_along_axis(logp, seq[:, 1:, None], -1)[..., 0].sum(-1)
     assert np.all(logprob(beam) >= logprob(greedy) - 1e-4)
 
