@@ -91,8 +91,8 @@ MODELS.update({
               "not 26B. The 26B matches this ReLU d_ff 4096 layout (26.3B)"),
     ),
     # Switch-XXL. The paper's Table 9 says 64 experts; flaxformer's switch_xxl.gin and the hub
-    # checkpoint google/switch-xxl-128 have 128. Both kept; neither matches 395B here, because
-    # the experts are GEGLU in the original and switchzoo's SwitchFFN experts are ReLU only.
+    # checkpoint google/switch-xxl-128 have 128. Both kept; only the 128-expert layout reaches
+    # the published 395B (GEGLU experts, as the activation field gives them).
     "switch_xxl": dict(
         vocab_size=32128, d_model=4096, num_heads=64, d_kv=64, d_ff=10240,
         num_layers=24, num_encoder_layers=24, activation="gated-gelu", dropout=0.1,
@@ -106,10 +106,9 @@ MODELS.update({
         published=dict(params="395B", neg_log_perp_250k=-1.086, neg_log_perp_500k=-1.008,
                        flops_per_seq="6.3T",
                        mismatch=("no reading of 64 experts reaches 395B: with GEGLU experts "
-                                 "it is 201B, with switchzoo's ReLU experts 137B; 395B is "
-                                 "what 128 GEGLU experts give (see switch_xxl_128)")),
-        note=("dense FFNs are GEGLU; the experts here are ReLU (SwitchFFN has no gated "
-              "option), so the expert weights are 2/3 of the original's"),
+                                 "it is 201B (ReLU: 137B); 395B is what 128 GEGLU experts "
+                                 "give (see switch_xxl_128)")),
+        note="Table 9's 64 experts are inconsistent with its own 395B; see switch_xxl_128",
     ),
     "switch_xxl_128": dict(
         vocab_size=32128, d_model=4096, num_heads=64, d_kv=64, d_ff=10240,
@@ -122,9 +121,7 @@ MODELS.update({
                 "switch_xxl.gin: 128 experts, GEGLU dense and expert MLPs "
                 "(expert/dense.MlpBlock.activations = ('gelu', 'linear')), separate output "
                 "layer, eval capacity 4, min capacity 2; figures: Switch paper Table 9"),
-        published=dict(params="395B",
-                       mismatch=("switchzoo experts are ReLU (2 matrices, not 3): 266B here; "
-                                 "with GEGLU experts this layout counts 394.7B = 395B")),
+        published=dict(params="395B"),
         note="the paper's 395B fits this 128-expert layout, not Table 9's 64 experts",
     ),
     "switch_c": dict(

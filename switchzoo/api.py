@@ -23,9 +23,9 @@ class Model:
     """Config + sharded parameters + the layout they live on."""
 
     def __init__(self, cfg: ModelConfig, graphdef, params, layout: layout_lib.Layout,
-                 hf_config: dict | None = None, dtypes: dict | None = None):
+                 hf_config: dict | None = None, facts: dict | None = None):
         self.cfg, self.graphdef, self.params, self.layout = cfg, graphdef, params, layout
-        self.hf_config, self.dtypes = hf_config, dtypes
+        self.hf_config, self.facts = hf_config, facts
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -88,7 +88,7 @@ class Model:
 
     def save_pretrained(self, path) -> None:
         """Writes the Hugging Face SwitchTransformers format (config.json + model.safetensors)."""
-        hf.save(path, self.cfg, self.params, self.hf_config, self.dtypes)
+        hf.save(path, self.cfg, self.params, self.hf_config, self.facts)
 
 
 def default_layout(mesh=None, layout=None) -> layout_lib.Layout:
@@ -117,8 +117,8 @@ def from_pretrained(path, mesh=None, layout=None) -> Model:
     """Loads a Hugging Face SwitchTransformers directory onto ``mesh`` under ``layout``."""
     hf_config, cfg, files = hf.read_config(path)
     lay = default_layout(mesh, layout)
-    graphdef, params, dtypes = hf.load_params(cfg, files, lay)
-    return Model(cfg, graphdef, params, lay, hf_config, dtypes)
+    graphdef, params, facts = hf.load_params(cfg, files, lay)
+    return Model(cfg, graphdef, params, lay, hf_config, facts)
 
 
 def as_numpy(x) -> np.ndarray:

@@ -134,6 +134,17 @@ def sources(cfg: ModelConfig, params) -> dict[tuple, Source]:
     return out
 
 
+def hf_shape(source: Source, shape, path: tuple) -> tuple[int, ...]:
+    """The shape of one HF tensor behind our parameter of ``shape`` at ``path``."""
+    single = tuple(shape[1:] if source.stacked else shape)
+    if not source.transpose:
+        return single
+    if len(single) == 3:       # attention: q/k/v [D, H, K] <- [H*K, D]; o [H, K, D] <- [D, H*K]
+        return ((single[1] * single[2], single[0]) if path[-1] != "o"
+                else (single[2], single[0] * single[1]))
+    return single[::-1]
+
+
 def to_ours(hf_array: np.ndarray, source: Source, shape) -> np.ndarray:
     """One HF tensor -> our layout (one expert's slice when stacked)."""
     a = hf_array.T if source.transpose else hf_array
@@ -206,14 +217,8 @@ def check(cfg: ModelConfig, params, files: dict) -> dict[tuple, Source]:
     srcs = sources(cfg, params)
     expected = {}
     for path, src in srcs.items():
-        shape = _leaf(params, path).shape
         for name in src.names:
-            single = shape[1:] if src.stacked else shape
-            want = tuple(single)[::-1] if src.transpose else tuple(single)
-            if src.transpose and len(single) == 3:          # attention [D,H,K] / [H,K,D]
-                want = ((single[1] * single[2], single[0]) if path[-1] != "o"
-                        else (single[2], single[0] * single[1]))
-            expected[name] = want
+            expected[name] = hf_shape(src, _leaf(params, path).shape, path)
     aliases = set(ALIASES) | ({"lm_head.weight"} if cfg.tie_embeddings else set())
     missing = set(expected) - set(files)
     extra = set(files) - set(expected) - aliases
@@ -249,13 +254,13 @@ def load_params(cfg: ModelConfig, files: dict, layout: layout_lib.Layout):
     Returns (graphdef, params, file facts: each tensor's dtype and the aliases present)."""
     graphdef, abstract, dims = training.abstract_model(cfg)
     srcs = check(cfg, abstract, files)
-    dtypes = {"aliases": [a for a in ALIASES if a in files]}
+    facts = {"aliases": [a for a in ALIASES if a in files], "dtypes": {}}
 
     def place(path, leaf):
         path = tuple(map(training._key, path))
         src = srcs[path]
         sharding = layout.sharding(dims[path], leaf.shape, "/".join(map(str, path)))
-        dtypes["/".join(map(str, path))] = str(files[src.names[0]].dtype(src.names[0]))
+        facts["dtypes"]["/".join(map(str, path))] = str(files[src.names[0]].dtype(src.names[0]))
         if src.stacked:
             def shard(index):
                 experts = range(*index[0].indices(leaf.shape[0]))
@@ -269,31 +274,32 @@ def load_params(cfg: ModelConfig, files: dict, layout: layout_lib.Layout):
         return jax.make_array_from_callback(leaf.shape, sharding, shard)
 
     params = jax.tree_util.tree_map_with_path(place, abstract)
-    return graphdef, params, dtypes
+    return graphdef, params, facts
 
 
 def save(path, cfg: ModelConfig, params, hf_config: dict | None = None,
-         dtypes: dict | None = None) -> None:
-    """Writes config.json + model.safetensors (HF names and layouts), gathering one tensor at
-    a time; ``dtypes`` restores each tensor's original dtype so a round trip is bit-identical."""
+         facts: dict | None = None) -> None:
+    """Writes config.json + model.safetensors (HF names and layouts), streaming one tensor at a
+    time to disk. ``facts`` (from loading) restore each tensor's dtype and the alias copies the
+    source held, so a round trip is bit-identical."""
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
     hf_config = hf_config or config_to_hf(cfg)
-    srcs = sources(cfg, params)
-    tensors = {}
-    for key, src in srcs.items():
-        ours = np.asarray(jax.device_get(_leaf(params, key)))
-        dtype = np.dtype(tensorfile.DTYPES[tensorfile.CODES[np.dtype((dtypes or {}).get(
-            "/".join(map(str, key)), "float32"))]])
-        pieces = list(ours) if src.stacked else [ours]
-        for name, piece in zip(src.names, pieces):
-            hf_shape = piece.T.shape if src.transpose and piece.ndim == 2 else None
-            if src.transpose and piece.ndim == 3:
-                hf_shape = ((piece.shape[1] * piece.shape[2], piece.shape[0]) if key[-1] != "o"
-                            else (piece.shape[2], piece.shape[0] * piece.shape[1]))
-            tensors[name] = to_hf(piece, src, hf_shape or piece.shape).astype(dtype)
-    aliases = (dtypes or {}).get("aliases", [] if cfg.tie_embeddings else list(ALIASES))
-    for alias in aliases:
-        tensors[alias] = tensors["shared.weight"]
-    tensorfile.write(path / SINGLE, tensors, {"format": "pt"})
+    facts = facts or {}
+    dtypes = facts.get("dtypes", {})
+    specs, makers = {}, {}
+    for key, src in sources(cfg, params).items():
+        leaf = _leaf(params, key)
+        dtype = np.dtype(dtypes.get("/".join(map(str, key)), "float32"))
+        shape = hf_shape(src, leaf.shape, key)
+        for e, name in enumerate(src.names):
+            specs[name] = (shape, dtype)
+
+            def make(leaf=leaf, e=e, src=src, shape=shape, dtype=dtype):
+                ours = np.asarray(jax.device_get(leaf[e] if src.stacked else leaf))
+                return to_hf(ours, src, shape).astype(dtype)
+            makers[name] = make
+    for alias in facts.get("aliases", [] if cfg.tie_embeddings else list(ALIASES)):
+        specs[alias], makers[alias] = specs["shared.weight"], makers["shared.weight"]
+    tensorfile.write(path / SINGLE, specs, makers, {"format": "pt"})
     (path / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")

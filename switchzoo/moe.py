@@ -27,11 +27,19 @@ def num_groups(batch: int, length: int, group_size: int) -> int:
 
 
 class SwitchFFN(nnx.Module):
-    def __init__(self, d_model: int, d_ff: int, cfg: MoeConfig, rngs: nnx.Rngs):
+    """Experts are ReLU MLPs, or gated-GELU ones (T5 v1.1 / Switch-XXL: gelu(x wi_0) * x wi_1)."""
+
+    def __init__(self, d_model: int, d_ff: int, cfg: MoeConfig, rngs: nnx.Rngs,
+                 activation: str = "relu"):
         E = cfg.num_experts
-        self.cfg = cfg
+        self.cfg, self.gated = cfg, activation == "gated-gelu"
         self.router = Router(d_model, E, rngs)
-        self.wi = param(rngs, d_model ** -0.5, (E, d_model, d_ff), ("experts", "d_model", "d_ff"))
+        dims = ("experts", "d_model", "d_ff")
+        if self.gated:
+            self.wi_0 = param(rngs, d_model ** -0.5, (E, d_model, d_ff), dims)
+            self.wi_1 = param(rngs, d_model ** -0.5, (E, d_model, d_ff), dims)
+        else:
+            self.wi = param(rngs, d_model ** -0.5, (E, d_model, d_ff), dims)
         self.wo = param(rngs, d_ff ** -0.5, (E, d_ff, d_model), ("experts", "d_ff", "d_model"))
 
     def __call__(self, x_BLD, rate: float = 0.0, rng=None, valid_BL=None):
@@ -65,7 +73,12 @@ class SwitchFFN(nnx.Module):
         x_EGCD = jnp.einsum("GND,GNEC->EGCD", x_GND, dispatch_GNEC)
         x_EGCD = constrain(x_EGCD, (None, "groups", "expert_capacity", "d_model"))
         x_EGCD = constrain(x_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
-        h_EGCF = jax.nn.relu(jnp.einsum("EGCD,EDF->EGCF", x_EGCD, self.wi[...].astype(dt)))
+        if self.gated:
+            gate_EGCF = jnp.einsum("EGCD,EDF->EGCF", x_EGCD, self.wi_0[...].astype(dt))
+            h_EGCF = jax.nn.gelu(gate_EGCF, approximate=True) * jnp.einsum(
+                "EGCD,EDF->EGCF", x_EGCD, self.wi_1[...].astype(dt))
+        else:
+            h_EGCF = jax.nn.relu(jnp.einsum("EGCD,EDF->EGCF", x_EGCD, self.wi[...].astype(dt)))
         h_EGCF = constrain(h_EGCF, ("experts", "groups", "expert_capacity", "d_ff"))
         h_EGCF = dropout(h_EGCF, cfg.expert_dropout, drop_rng)
         y_EGCD = jnp.einsum("EGCF,EFD->EGCD", h_EGCF, self.wo[...].astype(dt))

@@ -71,16 +71,19 @@ class TensorFile:
         return raw.view(self.dtype(name)).reshape(self.shape(name))
 
 
-def write(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata=None) -> None:
-    """Writes tensors in name order (as Hugging Face does), atomically (temp file + rename)."""
+def write(path: str | os.PathLike, specs: dict, makers: dict, metadata=None) -> None:
+    """Writes tensors in name order (as Hugging Face does), one at a time: ``specs`` gives each
+    name's (shape, dtype) for the header, ``makers[name]()`` its array when its turn comes.
+    Atomic: a temporary file renamed into place."""
     header, offset = {}, 0
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        if a.dtype not in CODES:
-            raise TensorFileError(f"tensor {name}: dtype {a.dtype} has no safetensors code")
-        header[name] = {"dtype": CODES[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
+    for name in sorted(specs):
+        shape, dtype = specs[name]
+        if np.dtype(dtype) not in CODES:
+            raise TensorFileError(f"tensor {name}: dtype {dtype} has no safetensors code")
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": CODES[np.dtype(dtype)], "shape": list(shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
     if metadata:
         header = {"__metadata__": metadata, **header}
     blob = json.dumps(header, separators=(",", ":")).encode()
@@ -90,6 +93,16 @@ def write(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata=None
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for name in sorted(tensors):
-            f.write(np.ascontiguousarray(tensors[name]).tobytes())
+        for name in sorted(specs):
+            a = np.ascontiguousarray(makers[name]())
+            if a.shape != tuple(specs[name][0]) or a.dtype != np.dtype(specs[name][1]):
+                raise TensorFileError(f"tensor {name}: made {a.shape} {a.dtype}, header says "
+                                      f"{specs[name]}")
+            f.write(a.tobytes())
     os.replace(tmp, path)
+
+
+def write_arrays(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata=None) -> None:
+    """``write`` for arrays already in memory."""
+    write(path, {n: (a.shape, a.dtype) for n, a in tensors.items()},
+          {n: (lambda a=a: a) for n, a in tensors.items()}, metadata)

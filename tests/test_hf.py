@@ -1,5 +1,6 @@
 """Hugging Face SwitchTransformers checkpoints: parity with transformers' logits, a bit-identical
 round trip, sharded placement, and clear errors for checkpoints that do not match."""
+import dataclasses
 import json
 import shutil
 
@@ -117,7 +118,7 @@ def edit(path, tmp_path, change):
     shutil.copytree(path, out)
     f = tensorfile.TensorFile(path / hf.SINGLE)
     tensors = change({n: np.array(f.get(n)) for n in f.names()})
-    tensorfile.write(out / hf.SINGLE, tensors, {"format": "pt"})
+    tensorfile.write_arrays(out / hf.SINGLE, tensors, {"format": "pt"})
     return out
 
 
@@ -154,3 +155,15 @@ def test_directories_that_are_not_checkpoints_are_refused(checkpoint, tmp_path):
     (truncated / hf.SINGLE).write_bytes(data[:len(data) // 2])
     with pytest.raises(hf.CheckpointError, match="truncated or corrupted"):
         switchzoo.from_pretrained(truncated)
+
+
+def test_a_fresh_model_saves_in_a_format_transformers_reads(tmp_path):
+    cfg = switchzoo.zoo.get("switch_base_tiny")
+    # Route per sequence with a fixed capacity, as transformers does, large enough to drop nothing.
+    cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, group_size=0, expert_capacity=64))
+    ours = switchzoo.init(cfg, seed=1)
+    ours.save_pretrained(tmp_path)
+    theirs = SwitchTransformersForConditionalGeneration.from_pretrained(tmp_path).eval()
+    src, mask, dec = inputs(cfg.vocab_size)
+    got = np.asarray(ours(src, attention_mask=mask, decoder_input_ids=dec))
+    np.testing.assert_allclose(got, reference_logits(theirs, src, mask, dec), atol=1e-4)
