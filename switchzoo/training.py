@@ -120,15 +120,28 @@ def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: floa
 
 def make_loss_fn(graphdef, cfg: ModelConfig, layout: layout_lib.Layout, seed: int = 0,
                  label_smoothing: float = 0.0):
-    """loss_fn(params, batch, step) -> (loss, metrics); dropout/jitter keys derive from step."""
+    """loss_fn(params, batch, step) -> (loss, metrics); dropout/jitter keys derive from step.
+
+    Decoder-only: ``inputs`` predict ``targets``. Encoder-decoder: ``inputs`` are the source and
+    the decoder reads ``targets`` shifted right (T5: starting with the pad id 0)."""
     def loss_fn(params, batch, step):
         rng = jax.random.fold_in(jax.random.key(seed + 1), step)
         model = nnx.merge(graphdef, params)
         with layout_lib.use(layout):
-            logits, aux = model(batch["inputs"], positions_BL=batch.get("positions"),
-                                segments_BL=batch.get("segments"), rng=rng)
+            if cfg.num_encoder_layers:
+                logits, aux = model(batch["inputs"], shift_right(batch["targets"]),
+                                    src_segments=batch.get("inputs_segments"),
+                                    tgt_segments=batch.get("targets_segments"), rng=rng)
+            else:
+                logits, aux = model(batch["inputs"], positions_BL=batch.get("positions"),
+                                    segments_BL=batch.get("segments"), rng=rng)
         return lm_objective(logits, batch, aux, cfg, label_smoothing)
     return loss_fn
+
+
+def shift_right(targets_BT):
+    """Decoder inputs: the targets one step later, starting with the pad id 0."""
+    return jnp.pad(targets_BT, ((0, 0), (1, 0)))[:, :-1]
 
 
 def make_train_step(graphdef, cfg: ModelConfig, tx, layout: layout_lib.Layout, shardings,

@@ -72,3 +72,10 @@ def test_command_line_json_table_and_figure(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "did you mean 'expert'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_encoder_decoder_models_inspect_and_their_dispatch_is_all_to_all():
+    report = inspector.inspect("switch_base_tiny", "data:2,model:1,expert:4", "dp_ep")
+    assert report["collectives"]["all-to-all"] > 0
+    names = {t["name"] for t in report["tensors"]}
+    assert "encoder/layers/1/ffn/wi" in names and "decoder/layers/1/cross/q" in names

@@ -19,15 +19,15 @@ TX = training.make_optimizer("adamw", learning_rate=LR, warmup_steps=1)
 BATCH = next(data.byte_lm_batches(16, 32, seed=0))
 
 
-def one_step(mesh, preset):
+def one_step(mesh, preset, cfg=CFG):
     lay = L.Layout.create(preset, mesh)
-    graphdef, state, shardings = training.init_state(CFG, TX, lay, seed=0)
-    loss_fn = training.make_loss_fn(graphdef, CFG, lay, seed=0)
+    graphdef, state, shardings = training.init_state(cfg, TX, lay, seed=0)
+    loss_fn = training.make_loss_fn(graphdef, cfg, lay, seed=0)
     grad_fn = jax.jit(jax.grad(loss_fn, has_aux=True),
                       in_shardings=(shardings.params, training.batch_shardings(lay), None),
                       out_shardings=(shardings.params, None))
     grads, _ = grad_fn(state.params, BATCH, state.step)
-    step = training.make_train_step(graphdef, CFG, TX, lay, shardings, seed=0)
+    step = training.make_train_step(graphdef, cfg, TX, lay, shardings, seed=0)
     new_state, metrics = step(state, BATCH)
     return jax.device_get((metrics, grads, new_state.params, new_state.opt_state))
 
@@ -58,7 +58,17 @@ def assert_close(got, want, what):
     ("data:4,model:2", "2d"),
 ])
 def test_same_step_on_every_mesh(reference, mesh, preset):
-    metrics, grads, params, opt_state = one_step(L.make_mesh(mesh), preset)
+    assert_same_step(one_step(L.make_mesh(mesh), preset), reference)
+
+
+def test_encoder_decoder_step_is_the_same_under_dp_mp_ep():
+    cfg = zoo.get("switch_base_tiny")
+    reference = one_step(L.make_mesh("data:1", devices=jax.devices()[:1]), "data_parallel", cfg)
+    assert_same_step(one_step(L.make_mesh("data:2,model:2,expert:2"), "dp_mp_ep", cfg), reference)
+
+
+def assert_same_step(got, reference):
+    metrics, grads, params, opt_state = got
     ref_metrics, ref_grads, ref_params, ref_opt = reference
     assert_close(metrics, ref_metrics, "metrics")
     assert_close(grads, ref_grads, "gradient")
