@@ -9,11 +9,14 @@ import pathlib
 import time
 from typing import NamedTuple
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from switchzoo import data, transformer, zoo
 from switchzoo import layout as layout_lib
@@ -64,12 +67,16 @@ def abstract_model(cfg: ModelConfig, seed: int = 0):
     return graphdef, nnx.to_pure_dict(state), module_dims(model)
 
 
-def tree_shardings(layout: layout_lib.Layout, tree, dims: dict, params):
+def tree_shardings(layout: layout_lib.Layout, tree, dims: dict, params,
+                   update_axis: str | None = None):
     """NamedSharding per leaf of ``tree`` (params, optimizer state, or a whole TrainState).
 
     A leaf whose key path ends with a parameter's path and has that parameter's shape follows
     its dims (so Adam moments shard like their weights); everything else (counters, Adafactor's
-    factored or placeholder statistics) is replicated.
+    factored or placeholder statistics) is replicated. With ``update_axis`` (e.g. "data"), the
+    optimizer state is further split over that axis where a free dimension divides: the
+    weight-update sharding of arXiv 2004.13336 (each data replica updates a slice, then the
+    parameters are all-gathered).
     """
     shapes = {tuple(map(_key, p)): x.shape for p, x in jax.tree_util.tree_leaves_with_path(params)}
 
@@ -78,9 +85,30 @@ def tree_shardings(layout: layout_lib.Layout, tree, dims: dict, params):
         for start in range(len(keys)):
             d = dims.get(keys[start:])
             if d is not None and shapes[keys[start:]] == leaf.shape:
-                return layout.sharding(d, leaf.shape, "/".join(map(str, keys[start:])))
+                s = layout.sharding(d, leaf.shape, "/".join(map(str, keys[start:])))
+                if update_axis and keys[0] == "opt_state":
+                    s = _split_further(s, leaf.shape, update_axis)
+                return s
         return layout.replicated()
     return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def _split_further(sharding: NamedSharding, shape, axis: str) -> NamedSharding:
+    """Adds mesh ``axis`` to the first dimension it divides, if the tensor does not use it."""
+    mesh = sharding.mesh
+    if axis not in mesh.shape or mesh.shape[axis] == 1:
+        return sharding
+    spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
+    used = {a for e in spec if e for a in ((e,) if isinstance(e, str) else e)}
+    if axis in used:
+        return sharding
+    for i, e in enumerate(spec):
+        axes = () if e is None else (e,) if isinstance(e, str) else tuple(e)
+        parts = math.prod(mesh.shape[a] for a in axes) * mesh.shape[axis]
+        if shape[i] % parts == 0:
+            spec[i] = axes + (axis,) if axes else axis
+            return NamedSharding(mesh, P(*spec))
+    return sharding
 
 
 def abstract_state(cfg: ModelConfig, tx, seed: int = 0):
@@ -145,12 +173,27 @@ def shift_right(targets_BT):
 
 
 def make_train_step(graphdef, cfg: ModelConfig, tx, layout: layout_lib.Layout, shardings,
-                    seed: int = 0, label_smoothing: float = 0.0):
-    """The one jitted step: loss, gradients, optimizer update. The state is donated."""
+                    seed: int = 0, label_smoothing: float = 0.0, accumulate: int = 1):
+    """The one jitted step: loss, gradients (averaged over ``accumulate`` micro-batches),
+    optimizer update. The state is donated; batch fields are [batch, ...] arrays."""
     loss_fn = make_loss_fn(graphdef, cfg, layout, seed, label_smoothing)
+    grad_fn = jax.grad(loss_fn, has_aux=True)
 
     def train_step(state: TrainState, batch):
-        grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, batch, state.step)
+        if accumulate == 1:
+            grads, metrics = grad_fn(state.params, batch, state.step)
+        else:
+            micro = jax.tree.map(lambda x: x.reshape((accumulate, -1) + x.shape[1:]), batch)
+
+            def add(total, mb):
+                g, m = grad_fn(state.params, mb, state.step)
+                return jax.tree.map(jnp.add, total, (g, m)), None
+            zero = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro),
+                                  state.step)
+            zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero)
+            (grads, metrics), _ = jax.lax.scan(add, zero, micro)
+            grads, metrics = jax.tree.map(lambda x: x / accumulate, (grads, metrics))
+            metrics["tokens"] = metrics["tokens"] * accumulate
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         return TrainState(state.step + 1, params, opt_state), metrics
@@ -160,8 +203,9 @@ def make_train_step(graphdef, cfg: ModelConfig, tx, layout: layout_lib.Layout, s
 
 
 def batch_shardings(layout: layout_lib.Layout):
-    """Every batch field is [batch, length]."""
-    return layout.sharding(("batch", "length"), strict=False)
+    """Batch fields are [batch, length] (or [batch]): split along the batch, as the layout says.
+    (A PartitionSpec names leading dims only, so one sharding serves both ranks.)"""
+    return NamedSharding(layout.mesh, P(*layout.spec(("batch",), strict=False)))
 
 
 def train(config, workdir: str | None = None, batches=None, print_fn=print) -> list[dict]:
