@@ -1,0 +1,225 @@
+"""Evaluation metrics and the paper tables: BLEU against a hand-computed oracle, perplexity on
+hand numbers, results.json, and collect() on run dirs written here."""
+import collections
+import json
+import math
+
+import pytest
+
+from switchzoo import evaluation, tables
+
+
+# ------------------------------------------------------------------------------------- BLEU
+def _hand_bleu(hyps, refs):
+    """Plain corpus BLEU (Papineni et al.): clipped n-gram precisions for n = 1..4, geometric
+    mean, brevity penalty; whitespace tokens, so only for text 13a leaves as it is."""
+    matches, totals, hyp_len, ref_len = [0] * 4, [0] * 4, 0, 0
+    for hyp, ref in zip(hyps, refs):
+        h, r = hyp.split(), ref.split()
+        hyp_len, ref_len = hyp_len + len(h), ref_len + len(r)
+        for n in range(1, 5):
+            hc = collections.Counter(tuple(h[i:i + n]) for i in range(len(h) - n + 1))
+            rc = collections.Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
+            matches[n - 1] += sum(min(c, rc[g]) for g, c in hc.items())
+            totals[n - 1] += max(len(h) - n + 1, 0)
+    log_p = sum(math.log(m / t) for m, t in zip(matches, totals)) / 4
+    bp = 1.0 if hyp_len > ref_len else math.exp(1 - ref_len / hyp_len)
+    return 100 * bp * math.exp(log_p)
+
+
+HYPS = ["the cat sat on the mat today", "a quick brown dog jumped over the lazy fox"]
+REFS = ["the cat sat on the red mat today", "the quick brown fox jumped over the lazy dog"]
+
+
+def test_bleu_identical_text_is_100():
+    assert evaluation.bleu(REFS, REFS) == pytest.approx(100.0)
+
+
+def test_bleu_matches_hand_computed_bleu():
+    ours = evaluation.bleu(HYPS, REFS)
+    assert ours == pytest.approx(_hand_bleu(HYPS, REFS), abs=1e-9)
+    # By hand: precisions 15/16, 9/14, 5/12, 3/10; 16 hypothesis words vs 17 reference words,
+    # so brevity penalty exp(1 - 17/16).
+    by_hand = 100 * math.exp(1 - 17 / 16) * (15 / 16 * 9 / 14 * 5 / 12 * 3 / 10) ** 0.25
+    assert ours == pytest.approx(by_hand, abs=1e-9)
+    assert ours == pytest.approx(49.2159, abs=1e-4)
+
+
+def test_bleu_tokenizes_punctuation_13a():
+    # 13a splits "mat." into "mat ." so a missing full stop costs n-grams, not the whole word.
+    assert evaluation.bleu(["the cat sat on the mat"], ["the cat sat on the mat."]) < 100
+    assert evaluation.bleu(["the cat sat on the mat ."], ["the cat sat on the mat."]) == \
+        pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("hyps, refs, message", [
+    (["a"], ["a", "b"], "1 hypotheses but 2 references"),
+    ([], [], "no hypotheses"),
+    (["\u2581the \u2581cat"], ["the cat"], "detokenized"),
+    ([[1, 2]], ["the cat"], "not str"),
+])
+def test_bleu_errors(hyps, refs, message):
+    with pytest.raises(ValueError, match=message):
+        evaluation.bleu(hyps, refs)
+
+
+# ------------------------------------------------------------------------------- perplexity
+def test_perplexities_on_hand_numbers():
+    # 10 subword tokens (EOS included) over 8 words, 20 nats in all.
+    p = evaluation.perplexities(20.0, num_tokens=10, num_words=8)
+    assert p["loss"] == pytest.approx(2.0)
+    assert p["neg_log_perplexity"] == pytest.approx(-2.0)
+    assert p["token_perplexity"] == pytest.approx(math.exp(2.0))
+    assert p["word_perplexity"] == pytest.approx(math.exp(2.5))
+    # word ppl = token ppl ** (tokens / words): the t2t 1.1078 rule is this identity.
+    assert p["word_perplexity"] == pytest.approx(p["token_perplexity"] ** (10 / 8))
+    assert evaluation.perplexities(20.0, 10, None)["word_perplexity"] is None
+
+
+def test_count_words_counts_one_eos_per_text():
+    assert evaluation.count_words(["the cat sat", "hello  world "]) == 3 + 1 + 2 + 1
+    assert evaluation.count_words(["the cat sat"], eos=False) == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    ((1.0, 0, 1), "num_tokens"), ((1.0, 3, 0), "num_words"),
+    ((float("nan"), 3, 1), "finite"), ((-1.0, 3, 1), "finite"),
+])
+def test_perplexities_errors(args, message):
+    with pytest.raises(ValueError, match=message):
+        evaluation.perplexities(*args)
+
+
+# ------------------------------------------------------------------------- results.json
+def _results(step, loss, dropped=(0.02, 0.04), load=((0.2, 0.3, 0.25, 0.25),), **kw):
+    return evaluation.make_results(step, "validation", total_nll=loss * 100, num_tokens=100,
+                                   num_words=80, dropped_fraction=dropped, expert_load=load, **kw)
+
+
+def test_write_results_is_atomic_and_round_trips(tmp_path):
+    import numpy as np
+    results = _results(7, 1.5, bleu=np.float32(12.5), dropped=np.array([0.1, 0.3]))
+    path = evaluation.write_results(tmp_path / "run", results)
+    assert path.name == "results.json" and list(path.parent.iterdir()) == [path]  # no temp left
+    back = json.loads(path.read_text())
+    assert back["step"] == 7 and back["bleu"] == 12.5
+    assert back["dropped_fraction"] == pytest.approx([0.1, 0.3])
+    assert back["loss"] == pytest.approx(1.5)
+    with pytest.raises(ValueError):          # NaN is refused rather than written as invalid JSON
+        evaluation.write_results(tmp_path / "run", {"loss": float("nan")})
+    assert json.loads(path.read_text())["step"] == 7    # the old file is intact
+
+
+def test_markdown_lists_the_metrics_present():
+    text = evaluation.markdown(_results(300, 2.0, bleu=27.31))
+    assert "| BLEU (sacrebleu 13a) | 27.31 |" in text
+    assert "| loss (nats/token) | 2 |" in text
+    assert "| word perplexity | 12.18 |" in text          # exp(200 / 80)
+    assert "mean of 2 Switch layers) | 0.03 |" in text
+    assert "1/4 = 0.25) | 0.2 / 0.3 |" in text
+    dense = evaluation.markdown(_results(300, 2.0, dropped=(), load=()))
+    assert "dropped" not in dense and "expert load" not in dense and "BLEU" not in dense
+
+
+# -------------------------------------------------------------------------------- tables
+def _run(root, name, model, step, results=None, **moe):
+    d = root / name
+    d.mkdir()
+    moe = {"train_capacity_factor": None, "eval_capacity_factor": None, "top_k": None, **moe}
+    (d / "config.json").write_text(json.dumps({"model": model, "moe": moe, "data": {}}))
+    if results is not None:
+        evaluation.write_results(d, results)
+    return str(d)
+
+
+def _row(text, label):
+    return next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
+
+
+def test_collect_puts_published_and_ours_in_the_right_rows(tmp_path):
+    runs = [
+        _run(tmp_path, "t5", "t5_base", 100, _results(100, 1.80)),
+        # null capacity factor = switch_base_128's catalogue default, 1.25
+        _run(tmp_path, "sw125", "switch_base_128", 100, _results(100, 1.60), top_k=1),
+        _run(tmp_path, "sw1_early", "switch_base_128", 50, _results(50, 1.70), top_k=1,
+             train_capacity_factor=1.0),
+        _run(tmp_path, "sw1_late", "switch_base_128", 100, _results(100, 1.55), top_k=1,
+             train_capacity_factor=1),
+        _run(tmp_path, "moe2", "switch_base_128", 100, _results(100, 1.58), top_k=2,
+             train_capacity_factor=2.0),
+        _run(tmp_path, "other", "switch_tiny", 10, _results(10, 3.0)),
+    ]
+    text = tables.collect("switch_table1", runs)
+    assert _row(text, "T5-Base").split(" | ")[1:6] == ["—", "-1.731", "not achieved", "1600",
+                                                      "-1.8"]
+    assert "| 1.25 | -1.553 | 65.0 | 910 | -1.6 | 0.03 | 100 |" in _row(text, "Switch-Base 1.25")
+    row = _row(text, "Switch-Base 1.0")
+    assert "-1.561" in row and "-1.55 |" in row and "sw1_late" in row
+    assert "-1.547" in _row(text, "MoE-Base (top-2) 2.0") and "moe2" in _row(
+        text, "MoE-Base (top-2) 2.0")
+    assert _row(text, "Switch-Base 2.0").endswith("| — | — | — | — |")
+    assert _row(text, "Switch-Base+ 1.0").endswith("no catalogue model |")
+    assert "Switch-Base 1.0: 2 runs match; shown:" in text and "sw1_early (step 50)" in text
+    unmatched = text.split("Unmatched runs:")[1]
+    assert "other" in unmatched and "switch_tiny" in unmatched and "sw125" not in unmatched
+    assert "[holds] Switch-Base beats MoE-Base at capacity 1.25" not in text   # no MoE 1.25 run
+    assert "[untested] Switch-Base beats MoE-Base at capacity 1.25" in text
+
+
+def test_check_ordering_on_the_mini_table(tmp_path):
+    dense = _run(tmp_path, "dense", "t5_tiny", 200, _results(200, 2.5))
+    sw = [_run(tmp_path, f"sw{cf}", "switch_base_tiny", 200, _results(200, loss), top_k=1,
+               train_capacity_factor=cf) for cf, loss in ((1.0, 2.3), (1.25, 2.2), (2.0, 2.6))]
+    top2 = _run(tmp_path, "top2", "switch_base_tiny", 200, _results(200, 2.4), top_k=2,
+                train_capacity_factor=1.0)
+    checks = {c["claim"]: c for c in tables.check_ordering("switch_table1_mini",
+                                                            [dense, top2] + sw)}
+    sparse = next(c for claim, c in checks.items() if claim.startswith("Switch at every"))
+    assert sparse["holds"] is False and "2.6" in sparse["detail"]     # cf 2.0 lost to dense
+    assert checks["Switch (top-1) beats top-2 MoE at capacity 1.0"]["holds"] is True
+    untested = tables.check_ordering("switch_table1_mini", [dense])
+    assert [c["holds"] for c in untested] == [None, None]
+
+
+def test_every_shipped_table_loads():
+    assert {"switch_table1", "switch_table1_mini", "mtf_table2_lm1b", "mtf_table2_lm1b_mini",
+            "mtf_table3_wmt", "mtf_table3_wmt_mini"} <= set(tables.names())
+    from switchzoo import zoo
+    models = set(zoo.names())
+    for name in tables.names():
+        table = tables.get(name)
+        assert table["title"] and table["source"] and table["command"]
+        for row in table["rows"]:
+            assert row["label"] and isinstance(row["published"], dict)
+            assert row["match"] is None or row["match"].get("model") in models, (name, row)
+        if name.endswith("_mini"):
+            assert table.get("orderings"), name
+            assert all(v is None or k in ("capacity_factor", "top_k")
+                       for row in table["rows"] for k, v in row["published"].items())
+        assert tables.collect(name, []).startswith(f"## {table['title']}")
+
+
+def test_switch_table1_rows():
+    rows = {r["label"]: r for r in tables.get("switch_table1")["rows"]}
+    assert rows["T5-Base"]["published"]["neg_log_perplexity"] == -1.731
+    for cf, nlp in ((1.0, -1.561), (1.25, -1.553), (2.0, -1.554)):
+        row = rows[f"Switch-Base {cf}"]
+        assert row["match"]["moe.train_capacity_factor"] == cf and row["match"]["moe.top_k"] == 1
+        assert row["published"]["neg_log_perplexity"] == nlp
+    top2 = [r for r in rows.values() if r["match"] and r["match"].get("moe.top_k") == 2]
+    assert sorted(r["published"]["capacity_factor"] for r in top2) == [1.0, 1.25, 2.0]
+
+
+def test_table_errors(tmp_path):
+    with pytest.raises(ValueError, match="did you mean 'switch_table1'"):
+        tables.get("switch_tabel1")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    with pytest.raises(ValueError, match="has no config.json"):
+        tables.collect("switch_table1", [str(bare)])
+    unfinished = _run(tmp_path, "unfinished", "t5_base", 0)
+    with pytest.raises(ValueError, match="no results.json; run `python eval.py"):
+        tables.collect("switch_table1", [unfinished])
+    with pytest.raises(ValueError, match="does not exist"):
+        tables.collect("switch_table1", [str(tmp_path / "nope")])
+    assert tables.main(["--table=nope"]) == 2
