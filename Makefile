@@ -13,8 +13,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-demo: $(VENV)/.installed      ## short training of switch_tiny on CPU; prints its loss falling
+demo: $(VENV)/.installed      ## trains a small Switch translator on CPU, then BLEU + perplexity
 	$(PY) train.py --config=configs/demo.py --workdir=workdirs/demo
+	$(PY) eval.py --workdir=workdirs/demo
 
 test: $(VENV)/.installed      ## the test suite, on 8 simulated CPU devices
 	$(DEVICES) $(PY) -m pytest -q -n 2 --durations=10 tests

@@ -16,6 +16,14 @@ MODELS = {
                  eval_capacity_factor=2.0, min_capacity=4, jitter=0.01, sparse_every=2),
         source="CPU-sized Switch LM for tests and the demo (not a published model)",
     ),
+    "switch_demo": dict(
+        vocab_size=4096, d_model=128, num_heads=4, d_kv=32, d_ff=256, num_layers=3,
+        num_encoder_layers=3, dropout=0.0, tie_embeddings=True,
+        moe=dict(num_experts=8, top_k=1, group_size=256, train_capacity_factor=1.25,
+                 eval_capacity_factor=2.0, min_capacity=4, jitter=0.01, sparse_every=2),
+        source="CPU-sized Switch encoder-decoder for the offline translation demo "
+               "(not a published model)",
+    ),
     "dense_tiny": dict(
         vocab_size=256, d_model=64, num_heads=4, d_kv=16, d_ff=128, num_layers=4,
         dropout=0.0, relpos_buckets=32, relpos_max_distance=128,

@@ -4,22 +4,17 @@ Shardings come from one place: eval_shape -> each Variable's ``dims`` -> layout 
 """
 from __future__ import annotations
 
-import json
-import pathlib
-import time
-from typing import NamedTuple
-
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from switchzoo import data, transformer, zoo
 from switchzoo import layout as layout_lib
+from switchzoo import transformer
 from switchzoo.config import ModelConfig
 
 
@@ -118,10 +113,12 @@ def abstract_state(cfg: ModelConfig, tx, seed: int = 0):
     return graphdef, TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, opt_state), dims
 
 
-def init_state(cfg: ModelConfig, tx, layout: layout_lib.Layout, seed: int = 0):
-    """Initialises the state directly into its shardings. Returns (graphdef, state, shardings)."""
+def init_state(cfg: ModelConfig, tx, layout: layout_lib.Layout, seed: int = 0, shardings=None):
+    """Initialises the state directly into its shardings (by default the layout's). Returns
+    (graphdef, state, shardings)."""
     graphdef, abstract, dims = abstract_state(cfg, tx, seed)
-    shardings = tree_shardings(layout, abstract, dims, abstract.params)
+    if shardings is None:
+        shardings = tree_shardings(layout, abstract, dims, abstract.params)
 
     def init():
         params = nnx.to_pure_dict(nnx.state(transformer.build(cfg, seed)))
@@ -154,22 +151,50 @@ def make_loss_fn(graphdef, cfg: ModelConfig, layout: layout_lib.Layout, seed: in
     the decoder reads ``targets`` shifted right (T5: starting with the pad id 0)."""
     def loss_fn(params, batch, step):
         rng = jax.random.fold_in(jax.random.key(seed + 1), step)
-        model = nnx.merge(graphdef, params)
-        with layout_lib.use(layout):
-            if cfg.num_encoder_layers:
-                logits, aux = model(batch["inputs"], shift_right(batch["targets"]),
-                                    src_segments=batch.get("inputs_segments"),
-                                    tgt_segments=batch.get("targets_segments"), rng=rng)
-            else:
-                logits, aux = model(batch["inputs"], positions_BL=batch.get("positions"),
-                                    segments_BL=batch.get("segments"), rng=rng)
+        logits, aux = forward(nnx.merge(graphdef, params), cfg, layout, batch, rng)
         return lm_objective(logits, batch, aux, cfg, label_smoothing)
     return loss_fn
 
 
-def shift_right(targets_BT):
-    """Decoder inputs: the targets one step later, starting with the pad id 0."""
-    return jnp.pad(targets_BT, ((0, 0), (1, 0)))[:, :-1]
+def forward(model, cfg: ModelConfig, layout: layout_lib.Layout, batch, rng=None):
+    """Logits and Switch stats of a batch (``rng`` None: evaluation mode)."""
+    with layout_lib.use(layout):
+        if cfg.num_encoder_layers:
+            return model(batch["inputs"],
+                         shift_right(batch["targets"], batch.get("targets_segments")),
+                         src_positions=batch.get("inputs_positions"),
+                         src_segments=batch.get("inputs_segments"),
+                         tgt_positions=batch.get("targets_positions"),
+                         tgt_segments=batch.get("targets_segments"), rng=rng)
+        return model(batch["inputs"], positions_BL=batch.get("positions"),
+                     segments_BL=batch.get("segments"), rng=rng)
+
+
+def make_eval_step(graphdef, cfg: ModelConfig, layout: layout_lib.Layout, param_shardings):
+    """Jitted eval_step(params, batch) -> sums over the batch: nll, tokens, words, and the
+    Switch metrics at the evaluation capacity factor."""
+    def eval_step(params, batch):
+        logits_BLV, aux = forward(nnx.merge(graphdef, params), cfg, layout, batch)
+        weights_BL = batch["weights"].astype(jnp.float32)
+        logp_BLV = jax.nn.log_softmax(logits_BLV, axis=-1)
+        nll_BL = -jnp.take_along_axis(logp_BLV, batch["targets"][..., None], -1)[..., 0]
+        out = {"nll": jnp.sum(nll_BL * weights_BL), "tokens": jnp.sum(weights_BL),
+               "words": jnp.sum(batch.get("num_words", jnp.zeros((1,), jnp.int32)))}
+        for key in ("dropped_fraction", "expert_load"):
+            if key in aux:
+                out[key] = aux[key]
+        return out
+    return jax.jit(eval_step, in_shardings=(param_shardings, batch_shardings(layout)))
+
+
+def shift_right(targets_BT, segments_BT=None):
+    """Decoder inputs: the targets one step later, starting with the pad id 0 (and, in packed
+    rows, restarting at 0 where each example begins)."""
+    shifted = jnp.pad(targets_BT, ((0, 0), (1, 0)))[:, :-1]
+    if segments_BT is None:
+        return shifted
+    starts = segments_BT != jnp.pad(segments_BT, ((0, 0), (1, 0)))[:, :-1]
+    return jnp.where(starts, 0, shifted)
 
 
 def make_train_step(graphdef, cfg: ModelConfig, tx, layout: layout_lib.Layout, shardings,
@@ -206,45 +231,3 @@ def batch_shardings(layout: layout_lib.Layout):
     """Batch fields are [batch, length] (or [batch]): split along the batch, as the layout says.
     (A PartitionSpec names leading dims only, so one sharding serves both ranks.)"""
     return NamedSharding(layout.mesh, P(*layout.spec(("batch",), strict=False)))
-
-
-def train(config, workdir: str | None = None, batches=None, print_fn=print) -> list[dict]:
-    """A short training run; returns the logged metrics (also written to metrics.jsonl)."""
-    cfg = zoo.get(config.model)
-    preset = layout_lib.presets().get(config.layout)
-    mesh = layout_lib.make_mesh(config.mesh or (preset.mesh if preset else "data:-1"))
-    layout = layout_lib.Layout.create(config.layout, mesh)
-    tx = make_optimizer(config.optimizer, config.learning_rate, config.warmup_steps)
-    schedule = rsqrt_schedule(config.learning_rate, config.warmup_steps)
-    graphdef, state, shardings = init_state(cfg, tx, layout, config.seed)
-    step_fn = make_train_step(graphdef, cfg, tx, layout, shardings, config.seed)
-    batch_size = config.per_device_batch_size * jax.device_count()
-    if batches is None:
-        batches = data.byte_lm_batches(batch_size, config.max_length, config.seed)
-    out = pathlib.Path(workdir) if workdir else None
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").write_text("")
-    print_fn(f"model {config.model}: {sum(x.size for x in jax.tree.leaves(state.params)):,} "
-             f"params | mesh {dict(mesh.shape)} | layout {layout.text}")
-    logged, start = [], time.perf_counter()
-    for step in range(1, config.num_train_steps + 1):
-        state, metrics = step_fn(state, next(batches))
-        if step % config.log_every_steps == 0 or step == config.num_train_steps:
-            m = jax.device_get(metrics)
-            elapsed = time.perf_counter() - start
-            row = {"step": step, "loss": float(m["loss"]), "cross_entropy": float(m["cross_entropy"]),
-                   "aux_loss": float(m["aux_loss"]), "z_loss": float(m["z_loss"]),
-                   "learning_rate": float(schedule(step - 1)),
-                   "tokens_per_sec": float(m["tokens"]) * config.log_every_steps / elapsed}
-            if "dropped_fraction" in m:
-                row["dropped_fraction"] = np.asarray(m["dropped_fraction"]).round(4).tolist()
-                row["expert_load"] = np.asarray(m["expert_load"]).round(4).tolist()
-            logged.append(row)
-            print_fn(f"step {step:5d}  loss {row['loss']:.4f}  ce {row['cross_entropy']:.4f}  "
-                     f"aux {row['aux_loss']:.3f}  {row['tokens_per_sec']:,.0f} tok/s")
-            if out:
-                with open(out / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps(row) + "\n")
-            start = time.perf_counter()
-    return logged

@@ -1,4 +1,5 @@
-"""The demo training loop: the loss falls and metrics.jsonl holds the DESIGN.md fields."""
+"""train.py as a user meets it: the loss falls and metrics.jsonl holds the DESIGN.md fields;
+bad flags are one-line errors that write nothing."""
 import json
 import os
 import pathlib
@@ -7,24 +8,30 @@ import sys
 
 import pytest
 
-from configs import demo  # noqa: F401  (configs/ is importable from the repository root)
-from switchzoo import training
+from configs import demo
+from switchzoo import trainer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_loss_falls_and_metrics_are_written(tmp_path):
-    config = demo.get_config("num_train_steps=60,log_every_steps=20,max_length=64")
-    config.per_device_batch_size = 2
+    config = demo.get_config("model=switch_tiny,steps=60")
+    config.task, config.data.pair = "lm", "de-en"        # an LM on the embedded English side
+    config.log_every_steps, config.eval_every_steps = 20, 60
+    config.per_device_batch_size, config.max_length, config.data.vocab_size = 2, 64, 500
     config.layout, config.mesh = "dp_ep", "data:2,model:1,expert:4"
-    rows = training.train(config, str(tmp_path), print_fn=lambda *_: None)
-    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5, rows
-    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines] == [20, 40, 60]
+    config.data.embedded_max_pairs = 3000
+    trainer.train(config, tmp_path, print_fn=lambda *_: None)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in train_rows] == [20, 40, 60]
+    assert train_rows[-1]["loss"] < train_rows[0]["loss"] - 0.5, train_rows
     for field in ("loss", "aux_loss", "z_loss", "dropped_fraction", "expert_load",
-                  "tokens_per_sec"):
-        assert field in lines[-1]
-    assert len(lines[-1]["expert_load"]) == 2 and len(lines[-1]["expert_load"][0]) == 8
+                  "learning_rate", "tokens_per_sec"):
+        assert field in train_rows[-1]
+    assert len(train_rows[-1]["expert_load"]) == 2 and len(train_rows[-1]["expert_load"][0]) == 8
+    evals = [r for r in rows if r["split"] == "eval"]
+    assert evals and evals[0]["word_perplexity"] > evals[0]["token_perplexity"] > 1
 
 
 @pytest.mark.parametrize("flag, message", [

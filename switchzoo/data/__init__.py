@@ -1,4 +1,84 @@
-"""Input pipelines. For now: a byte-level LM stream over real text found on every machine."""
+"""Input pipelines: a source of raw examples, a SentencePiece vocabulary, packed Grain batches.
+
+    d = data.build(config.data, workdir, task="translation", batch_size=B, max_length=L, seed=S)
+    batch = next(d.train)                  # packed [B, L] arrays; d.train.get_state() to save
+    for batch in d.eval_batches(): ...     # unpacked, one example per row, finite
+    d.tokenizer.decode(ids); d.eval_examples
+
+Sources (config.data.source): "embedded" (gettext catalogues of this machine, offline),
+"files" (local TSV / text, gzip allowed), "tfds" (a prepared array_record tfds dataset:
+wmt14_translate/de-en, wmt14_translate/fr-en, lm1b, or local_text/* built by tfds_local).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import ml_collections
+
+from switchzoo.data import pipeline, sources
+from switchzoo.data import tokenizer as tokenizer_lib
 from switchzoo.data.text import byte_lm_batches, default_corpus
 
-__all__ = ["byte_lm_batches", "default_corpus"]
+TASKS = ("translation", "lm")
+
+__all__ = ["Data", "build", "default_config", "byte_lm_batches", "default_corpus"]
+
+
+def default_config() -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(
+        source="embedded",          # embedded | files | tfds
+        train_files="",             # comma-separated; translation TSV source<TAB>target, LM lines
+        eval_files="",              # "" with source=files: hold ~2% of train_files out
+        tfds_name="",               # wmt14_translate/de-en, wmt14_translate/fr-en, lm1b, ...
+        tfds_data_dir="",           # "" = tfds default (~/tensorflow_datasets)
+        train_split="train",
+        eval_split="validation",    # wmt14: validation; lm1b: test
+        pair="en-de",               # source-target; the embedded LM corpus is the target side
+        vocab_path="",              # a SentencePiece .model; "" = train, cache workdir/tokenizer.model
+        vocab_size=8000,
+        spm_max_sentences=200_000,  # sentences the vocabulary is trained on, at most
+        max_eval_examples=1000,
+        embedded_max_pairs=0,       # 0 = all
+    ))
+
+
+@dataclasses.dataclass
+class Data:
+    """What a run reads: see the module docstring. ``train`` is shared; ``eval_batches`` fresh."""
+    tokenizer: tokenizer_lib.Tokenizer
+    train: pipeline.TrainIterator
+    eval_examples: list
+    task: str
+    batch_size: int
+    max_length: int
+    description: str
+    _eval_features: list | None = dataclasses.field(default=None, repr=False)
+
+    def eval_batches(self) -> Iterator[dict]:
+        if self._eval_features is None:   # tokenized once, on first use
+            featurize = pipeline.featurizer(self.tokenizer, self.task, self.max_length)
+            self._eval_features = [featurize(e) for e in self.eval_examples]
+        words = [len(t.split()) for t in self.eval_examples] if self.task == "lm" else None
+        return pipeline.eval_batches(self._eval_features, self.task, self.batch_size,
+                                     self.max_length, words)
+
+
+def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
+          batch_size: int, max_length: int, seed: int = 0) -> Data:
+    """The train iterator, eval batches and tokenizer for ``task`` ("translation" | "lm").
+
+    The workdir holds the tokenizer (and the embedded corpus) so a resumed run reads exactly
+    what it started with.
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task '{task}'; use one of {', '.join(TASKS)}")
+    if max_length < 2 or batch_size < 1:
+        raise ValueError(f"max_length={max_length} and batch_size={batch_size}: need a length of "
+                         "at least 2 (one token + EOS) and a batch of at least 1")
+    corpus = sources.load(cfg, task, workdir)
+    tok = tokenizer_lib.load_or_train(
+        cfg, workdir, lambda: sources.sample(corpus.train, task, cfg.spm_max_sentences))
+    featurize = pipeline.featurizer(tok, task, max_length)
+    train = pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed)
+    return Data(tok, train, corpus.eval, task, batch_size, max_length, corpus.description)

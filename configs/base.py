@@ -1,0 +1,63 @@
+"""Defaults shared by every run config (field names as in the Flax examples), and the
+``file.py:key=value,...`` variant parser. Not a run config itself."""
+import ml_collections
+from ml_collections import config_dict
+
+from switchzoo import data
+
+
+def get_base() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.model = "switch_base_tiny"          # a catalogue name (python -m switchzoo.zoo)
+    c.task = "translation"                # "translation" (encoder-decoder) or "lm" (decoder-only)
+    c.layout = "data_parallel"            # a preset in layouts/ or a layout string
+    c.mesh = ""                           # empty: the preset's mesh
+    c.seed = 0
+    c.num_train_steps = 1000
+    c.log_every_steps = 50
+    c.eval_every_steps = 500
+    c.checkpoint_every_steps = 500
+    c.keep_checkpoints = 3
+    c.per_device_batch_size = 16
+    c.max_length = 128
+    c.grad_accum_steps = 1
+    c.optimizer = "adafactor"             # "adafactor" (T5/Switch) or "adamw"
+    c.learning_rate = 0.01
+    c.warmup_steps = 1000
+    c.weight_decay = 0.0
+    c.label_smoothing = 0.0
+    c.dropout = 0.1
+    c.dtype = "float32"                   # activations; "bfloat16" keeps params and router f32
+    c.shard_optimizer_over_data = False   # weight-update sharding (arXiv 2004.13336)
+    c.init_from = ""                      # a Hugging Face directory to fine-tune from
+    c.moe = ml_collections.ConfigDict()   # overrides of the catalogue's routing (None: keep)
+    c.moe.top_k = config_dict.placeholder(int)
+    c.moe.train_capacity_factor = config_dict.placeholder(float)
+    c.moe.eval_capacity_factor = config_dict.placeholder(float)
+    c.moe.group_size = config_dict.placeholder(int)
+    c.data = data.default_config()
+    c.eval = ml_collections.ConfigDict()
+    c.eval.num_beams = 4
+    c.eval.length_penalty = 0.6
+    c.eval.max_decode_length = 64
+    c.eval.max_examples = 500
+    return c
+
+
+def apply_variant(c: ml_collections.ConfigDict, arg: str | None, aliases: dict) -> None:
+    """Applies ``key=value,...`` (keys: config fields, dotted, or the file's aliases); a key that
+    is not a field is an error, not a new field."""
+    for item in filter(None, (arg or "").split(",")):
+        key, sep, value = item.partition("=")
+        *parents, leaf = aliases.get(key, key).split(".")
+        node = c
+        for part in parents:
+            node = node.get(part)
+            if not isinstance(node, ml_collections.ConfigDict):
+                break
+        if not sep or not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+            raise ValueError(f"config variant '{item}' is not key=value with a known key; keys: "
+                             f"{', '.join(sorted(aliases))} or any config field")
+        kind = node.get_type(leaf)
+        node[leaf] = (value.lower() in ("1", "true", "yes") if kind is bool
+                      else kind(value) if kind not in (type(None), object) else value)

@@ -1,0 +1,31 @@
+"""python train.py --config=configs/wmt.py:model=switch_base_8,layout=dp_ep,pair=de-en --workdir=DIR
+
+WMT14 translation (en-de or en-fr, either direction) from the tfds builder
+wmt14_translate/<pair> (prepared in --config.data.tfds_data_dir), or from local TSV files with
+--config.data.source=files --config.data.train_files=a.tsv[.gz] --config.data.eval_files=b.tsv.
+Variant keys: model, layout, mesh, pair (source-target, e.g. en-de), steps.
+"""
+from configs import base
+
+
+def get_config(arg: str | None = None):
+    c = base.get_base()
+    c.model = "switch_base_8"
+    c.task = "translation"
+    c.layout = "dp_ep"
+    c.num_train_steps = 100_000
+    c.per_device_batch_size = 16
+    c.max_length = 256
+    c.warmup_steps = 10_000
+    c.eval_every_steps = 5000
+    c.checkpoint_every_steps = 2000
+    c.data.source = "tfds"
+    c.data.pair = "en-de"
+    c.data.vocab_size = 32000
+    c.data.eval_split = "validation"
+    base.apply_variant(c, arg, {"steps": "num_train_steps", "pair": "data.pair"})
+    other = [lang for lang in c.data.pair.split("-") if lang != "en"]
+    if len(other) != 1:
+        raise ValueError(f"pair '{c.data.pair}' is not English and one of de/fr, e.g. en-de")
+    c.data.tfds_name = c.data.tfds_name or f"wmt14_translate/{other[0]}-en"
+    return c

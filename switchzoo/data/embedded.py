@@ -1,0 +1,118 @@
+"""A real parallel corpus harvested from the gettext catalogues every Linux machine ships.
+
+/usr/share/locale/<lang>/LC_MESSAGES/*.mo hold human translations of English interface strings
+(coreutils, glib, iso_3166 country names, ...). Pairing msgid with msgstr gives an
+English<->lang corpus with no download, so the demo runs offline. The harvest is cached in the
+workdir so that a resumed run reads exactly the corpus it started with, whatever the machine.
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+import struct
+import zlib
+
+from switchzoo.data import files
+
+LOCALE_DIR = pathlib.Path("/usr/share/locale")
+MAX_CHARS = 200          # longer strings are help texts: many lines, option tables
+_PLACEHOLDER = re.compile(r"%(\d+\$)?[-+ #0']*\d*(\.\d+)?(hh|h|ll|l|L|q|j|z|t|I)?[a-zA-Z%]"
+                          r"|%<PRI\w+>|\{[^{}]*\}|\$\{?\w+\}?|<[^<>]*>")
+_MNEMONIC = re.compile(r"(?<![\w_])[_&](?=\w)")
+
+
+def parse_mo(path: pathlib.Path) -> list[tuple[str, str]]:
+    """(msgid, msgstr) of one compiled catalogue; plural entries and the header are left out."""
+    raw = path.read_bytes()
+    if len(raw) < 28:
+        return []
+    magic = struct.unpack("<I", raw[:4])[0]
+    order = "<" if magic == 0x950412DE else ">" if magic == 0xDE120495 else None
+    if order is None:
+        return []
+    _, count, orig_at, trans_at = struct.unpack(order + "4I", raw[4:20])
+    charset = "utf-8"
+    pairs = []
+    for i in range(count):
+        olen, ooff = struct.unpack(order + "2I", raw[orig_at + 8 * i: orig_at + 8 * i + 8])
+        tlen, toff = struct.unpack(order + "2I", raw[trans_at + 8 * i: trans_at + 8 * i + 8])
+        msgid, msgstr = raw[ooff:ooff + olen], raw[toff:toff + tlen]
+        if not msgid:       # the header names the catalogue's charset
+            found = re.search(rb"charset=([\w-]+)", msgstr)
+            charset = found.group(1).decode("ascii") if found else charset
+            continue
+        if b"\x00" in msgid or b"\x00" in msgstr:      # plural forms
+            continue
+        msgid = msgid.split(b"\x04", 1)[-1]             # drop a msgctxt
+        try:
+            pairs.append((msgid.decode("utf-8"), msgstr.decode(charset)))
+        except (UnicodeDecodeError, LookupError):
+            continue
+    return pairs
+
+
+def clean(text: str) -> str | None:
+    """One line of natural text, or None for what is no sentence to learn from."""
+    text = " ".join(_MNEMONIC.sub("", text).split())
+    if not text or len(text) > MAX_CHARS:
+        return None
+    if not re.search(r"[^\W\d_]{2}", _PLACEHOLDER.sub(" ", text)):   # placeholders, symbols only
+        return None
+    return text
+
+
+def harvest(lang: str, locale_dir: pathlib.Path = LOCALE_DIR) -> list[tuple[str, str]]:
+    """Sorted, distinct (english, translation) pairs from every catalogue of ``lang``."""
+    catalogues = sorted(locale_dir.glob(f"{lang}/LC_MESSAGES/*.mo"))
+    catalogues += sorted(locale_dir.glob(f"{lang}_*/LC_MESSAGES/*.mo"))
+    if not catalogues:
+        raise FileNotFoundError(
+            f"no gettext catalogues for '{lang}' under {locale_dir}/{lang}/LC_MESSAGES to build "
+            "the embedded corpus; install some translations (apt-get install language-pack-"
+            f"{lang}) or train on local files: --config.data.source=files "
+            "--config.data.train_files=train.tsv --config.data.eval_files=eval.tsv")
+    pairs = set()
+    for path in catalogues:
+        for english, translated in parse_mo(path):
+            english, translated = clean(english), clean(translated)
+            if english and translated:
+                pairs.add((english, translated))
+    return sorted(pairs)
+
+
+def _pair_langs(pair: str) -> tuple[str, str]:
+    langs = pair.split("-")
+    if len(langs) != 2 or "en" not in langs or langs[0] == langs[1]:
+        raise ValueError(f"data.pair '{pair}': the embedded corpus pairs English with one other "
+                         "language, write it source-target as en-XX or XX-en (e.g. en-de)")
+    return langs[0], langs[1]
+
+
+def load(pair: str, task: str, cache_dir: str | pathlib.Path | None, max_pairs: int = 0,
+         locale_dir: pathlib.Path = LOCALE_DIR) -> tuple[list, list]:
+    """(train, eval) examples: (source, target) pairs, or for ``lm`` texts of the target side.
+
+    ``max_pairs`` > 0 keeps that many training pairs, a hash-chosen (not alphabetical) subset.
+    """
+    source, target = _pair_langs(pair)
+    lang = target if source == "en" else source
+    cache = pathlib.Path(cache_dir) / f"embedded-en-{lang}.tsv" if cache_dir else None
+    if cache is not None and cache.is_file():
+        pairs = files.read_tsv(cache)
+    else:
+        pairs = harvest(lang, locale_dir)
+        if cache is not None:
+            files.write_tsv(cache, pairs)
+    # Split on the English string: its several translations all land on the same side.
+    train, held_out = files.hold_out(pairs, key=lambda p: p[0])
+    if max_pairs > 0:
+        keep = set(sorted(range(len(train)), key=lambda i: zlib.crc32(
+            "\t".join(train[i]).encode("utf-8")))[:max_pairs])
+        train = [p for i, p in enumerate(train) if i in keep]
+    if source != "en":
+        train, held_out = [(t, e) for e, t in train], [(t, e) for e, t in held_out]
+    if task == "lm":   # distinct target-side texts, none of the held-out ones in training
+        held_out = list(dict.fromkeys(t for _, t in held_out))
+        seen = set(held_out)
+        train = [t for t in dict.fromkeys(t for _, t in train) if t not in seen]
+    return train, held_out

@@ -1,0 +1,124 @@
+"""Where examples come from: the embedded corpus, local files, or a prepared tfds dataset.
+
+Every source yields raw examples, (source_text, target_text) for translation or text for LM: a
+random-access training split (what Grain shuffles) and a short evaluation list.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Sequence
+
+from switchzoo.data import embedded, files
+
+SOURCES = ("embedded", "files", "tfds")
+
+
+@dataclasses.dataclass
+class Corpus:
+    train: Sequence        # random access: len() and [i]
+    eval: list             # capped at max_eval_examples
+    description: str
+
+
+def load(cfg, task: str, workdir) -> Corpus:
+    if cfg.source == "embedded":
+        cache = pathlib.Path(workdir) / "data" if workdir else None
+        train, held = embedded.load(cfg.pair, task, cache, cfg.embedded_max_pairs)
+        corpus = Corpus(train, held, f"embedded gettext corpus {cfg.pair}")
+    elif cfg.source == "files":
+        if not cfg.train_files:
+            raise ValueError("data.source=files needs --config.data.train_files=A[,B] (translation:"
+                             " TSV source<TAB>target; LM: one text per line; .gz allowed)")
+        train = files.read(cfg.train_files, task)
+        if cfg.eval_files:
+            held = files.read(cfg.eval_files, task)
+        else:   # no eval split given: hold ~2% of the training files out
+            train, held = files.hold_out(train)
+        corpus = Corpus(train, held, f"files {cfg.train_files}")
+    elif cfg.source == "tfds":
+        corpus = _tfds(cfg, task)
+    else:
+        raise ValueError(f"unknown data.source '{cfg.source}'; use one of {', '.join(SOURCES)}")
+    if not len(corpus.train):
+        raise ValueError(f"{corpus.description}: the training split is empty; give more data")
+    if cfg.max_eval_examples > 0:
+        corpus.eval = corpus.eval[:cfg.max_eval_examples]
+    return corpus
+
+
+def sample(train: Sequence, task: str, max_sentences: int) -> list[str]:
+    """Up to ``max_sentences`` sentences, evenly strided over the split, for the vocabulary."""
+    per_example = 2 if task == "translation" else 1
+    count = min(len(train), max(1, max_sentences // per_example))
+    stride = len(train) / count
+    texts = []
+    for k in range(count):
+        example = train[int(k * stride)]
+        texts.extend(example if task == "translation" else (example,))
+    return texts
+
+
+class _TfdsView:
+    """A tfds data source seen as raw examples: feature bytes -> str."""
+
+    def __init__(self, source, keys: tuple[str, ...]):
+        self._source, self._keys = source, keys
+
+    def __len__(self):
+        return len(self._source)
+
+    def __getitem__(self, i):
+        record = self._source[i]
+        texts = tuple(_text(record[k]) for k in self._keys)
+        return texts if len(texts) > 1 else texts[0]
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _tfds(cfg, task: str) -> Corpus:
+    import tensorflow_datasets as tfds
+    from switchzoo.data import tfds_local  # noqa: F401  registers local_text
+    name, data_dir = cfg.tfds_name, cfg.tfds_data_dir or None
+    if not name:
+        raise ValueError("data.source=tfds needs --config.data.tfds_name (wmt14_translate/de-en, "
+                         "wmt14_translate/fr-en, lm1b, local_text/translation, local_text/lm)")
+    where = data_dir or "the default tfds data_dir (~/tensorflow_datasets or $TFDS_DATA_DIR)"
+    fix = (f"tfds dataset '{name}' is not prepared in {where}; prepare it once as array_record "
+           f"(python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', data_dir="
+           f"'DIR', file_format='array_record').download_and_prepare()\" with internet, or a "
+           "manual_dir) and set --config.data.tfds_data_dir=DIR, or train on local files with "
+           "--config.data.source=files --config.data.train_files=...")
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise ValueError(fix) from None
+    if not builder.is_prepared():
+        raise ValueError(fix)
+    features = set(builder.info.features.keys())
+    if task == "lm":
+        keys = ("text",) if "text" in features else tuple(sorted(features))[:1]
+    elif {"source", "target"} <= features:
+        keys = ("source", "target")
+    else:
+        keys = tuple(cfg.pair.split("-"))
+        if len(keys) != 2 or not set(keys) <= features:
+            raise ValueError(f"data.pair '{cfg.pair}' does not match the features "
+                             f"{sorted(features)} of {name}; set --config.data.pair=SRC-TGT from "
+                             "those (e.g. en-de for English to German)")
+    splits = {}
+    for split in (cfg.train_split, cfg.eval_split):
+        if split not in builder.info.splits:
+            raise ValueError(f"{name} has no split '{split}' (it has {list(builder.info.splits)})"
+                             "; set --config.data.train_split / --config.data.eval_split")
+        try:
+            splits[split] = _TfdsView(builder.as_data_source(split), keys)
+        except NotImplementedError:
+            raise ValueError(f"{name} in {where} was prepared as tfrecord, which has no random "
+                             "access; prepare it again with file_format='array_record' in "
+                             "another data_dir") from None
+    held = splits[cfg.eval_split]
+    cap = len(held) if cfg.max_eval_examples <= 0 else min(len(held), cfg.max_eval_examples)
+    return Corpus(splits[cfg.train_split], [held[i] for i in range(cap)], f"tfds {name}")
