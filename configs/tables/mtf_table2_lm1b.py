@@ -57,8 +57,7 @@ MINI = dict(
           for m in ("mtf_lm1b_tiny", "dense_tiny", "switch_tiny")],
     orderings=[dict(claim="more parameters at equal steps give lower word perplexity",
                     better="switch_tiny", worse="dense_tiny")],
-    command=("python train.py --config=configs/lm1b.py:model=switch_tiny,steps=300 "
-             "--config.data.source=files --config.data.train_files=train.txt "
-             "--config.data.eval_files=dev.txt --workdir=runs/lm_mini_switch && python eval.py "
-             "--workdir=runs/lm_mini_switch (likewise dense_tiny, mtf_lm1b_tiny)"),
+    command=("for m in switch_tiny dense_tiny mtf_lm1b_tiny; do python train.py "
+             "--config=configs/mini.py:model=$m --workdir=runs/mini_$m && python eval.py "
+             "--workdir=runs/mini_$m; done"),
 )

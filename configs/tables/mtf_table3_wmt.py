@@ -38,9 +38,7 @@ MINI = dict(
           for m in ("t5_tiny", "switch_base_tiny", "switch_c_tiny")],
     orderings=[dict(claim="more parameters at equal steps give lower eval loss",
                     metric="loss", better="switch_c_tiny", worse="switch_base_tiny")],
-    command=("python train.py --config=configs/wmt.py:model=switch_c_tiny,steps=300 "
-             "--config.data.source=files --config.data.train_files=train.tsv "
-             "--config.data.eval_files=dev.tsv "
-             "--workdir=runs/wmt_mini_c && python eval.py --workdir=runs/wmt_mini_c "
-             "(likewise t5_tiny, switch_base_tiny)"),
+    command=("for m in switch_c_tiny switch_base_tiny t5_tiny; do python train.py "
+             "--config=configs/mini.py:model=$m,task=translation --workdir=runs/mini_tr_$m && "
+             "python eval.py --workdir=runs/mini_tr_$m; done"),
 )

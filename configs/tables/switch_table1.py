@@ -99,9 +99,8 @@ MINI = dict(
         dict(claim="Switch (top-1) beats top-2 MoE at capacity 1.0",
              better="switch_base_tiny top-1 1.0", worse="switch_base_tiny top-2 1.0"),
     ],
-    command=("python train.py --config=configs/wmt.py:model=switch_base_tiny,steps=300 "
-             "--config.data.source=files --config.data.train_files=train.tsv "
-             "--config.data.eval_files=dev.tsv --config.moe.top_k=1 "
-             "--config.moe.train_capacity_factor=1.0 --workdir=runs/mini_cf1.0 && python eval.py "
-             "--workdir=runs/mini_cf1.0 (likewise t5_tiny, each capacity factor, top_k=2)"),
+    command=("python train.py --config=configs/mini.py:model=switch_base_tiny,task=translation,"
+             "moe.top_k=1,moe.train_capacity_factor=1.0 --workdir=runs/mini_cf1.0 && python "
+             "eval.py --workdir=runs/mini_cf1.0 (likewise t5_tiny, each capacity factor, "
+             "moe.top_k=2)"),
 )

@@ -1,0 +1,38 @@
+"""python train.py --config=configs/mini.py:model=switch_tiny --workdir=runs/mini_switch_tiny
+
+CPU-sized runs for the mini tables (python -m switchzoo.tables --list): a language model on the
+English side of the embedded corpus, every model trained with the same data, steps and batch, so
+validation losses compare at equal steps. Then, for example:
+
+    for m in switch_tiny dense_tiny mtf_lm1b_tiny; do
+      python train.py --config=configs/mini.py:model=$m --workdir=runs/mini_$m &&
+      python eval.py --workdir=runs/mini_$m; done
+    python eval.py --table=mtf_table2_lm1b_mini --runs=runs/mini_switch_tiny,runs/mini_dense_tiny,runs/mini_mtf_lm1b_tiny
+
+Variant keys: model, steps, task (lm; translation needs encoder-decoders such as switch_base_tiny
+and t5_tiny), and any config field (e.g. moe.train_capacity_factor=1.0).
+"""
+from configs import base
+
+
+def get_config(arg: str | None = None):
+    c = base.get_base()
+    c.model = "switch_tiny"
+    c.task = "lm"
+    c.layout = "data_parallel"
+    c.num_train_steps = 3000
+    c.log_every_steps = 50
+    c.eval_every_steps = 1000
+    c.checkpoint_every_steps = 1000
+    c.per_device_batch_size = 16
+    c.max_length = 64
+    c.optimizer = "adamw"
+    c.learning_rate = 3e-3
+    c.warmup_steps = 100
+    c.dropout = 0.0
+    c.data.source = "embedded"
+    c.data.pair = "de-en"                 # the LM reads the target side: English
+    c.data.vocab_size = 2000
+    c.eval.max_examples = 256
+    base.apply_variant(c, arg, {"steps": "num_train_steps"})
+    return c
