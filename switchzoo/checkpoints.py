@@ -14,7 +14,9 @@ class Checkpoints:
         self.directory = pathlib.Path(directory).resolve()
         self.manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(save_interval_steps=max(every, 1),
+            # Every ``every`` steps only (Orbax's default also saves the first step it sees).
+            options=ocp.CheckpointManagerOptions(save_decision_policy=ocp.checkpoint_managers
+                                                 .FixedIntervalPolicy(max(every, 1)),
                                                  max_to_keep=keep,
                                                  enable_async_checkpointing=use_async,
                                                  create=True))

@@ -67,6 +67,9 @@ def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
                                zip(ds.eval_examples[:3], hyps[:3])]
     evaluation.write_results(workdir, results)
     print_fn(evaluation.markdown(results))
+    for ex in results.get("examples", []):
+        print_fn(f"\n  source:    {ex['source']}\n  reference: {ex['reference']}\n"
+                 f"  output:    {ex['output']}")
     return results
 
 
