@@ -2,6 +2,7 @@
 in DESIGN.md), TensorBoard events, and a one-line progress bar on the terminal."""
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 import sys
@@ -19,6 +20,15 @@ def row(step: int, metrics: dict, learning_rate: float, tokens_per_sec: float) -
     return out
 
 
+def digest(batch: dict) -> str:
+    """A fingerprint of the batch a step consumed (resumed runs must consume the same ones)."""
+    h = hashlib.sha1()
+    for key in sorted(batch):
+        h.update(key.encode())
+        h.update(np.ascontiguousarray(batch[key]).tobytes())
+    return h.hexdigest()
+
+
 class Writer:
     def __init__(self, workdir, total_steps: int, start_step: int = 0, stream=sys.stderr):
         self.path = pathlib.Path(workdir)
@@ -32,7 +42,7 @@ class Writer:
             f.write(json.dumps({"split": prefix, **record}) + "\n")
         step = record["step"]
         for key, value in record.items():
-            if key == "step" or value is None:
+            if key == "step" or value is None or isinstance(value, str):
                 continue
             value = np.asarray(value, np.float64)
             if value.ndim == 0:

@@ -7,6 +7,8 @@ import dataclasses
 import json
 import math
 import pathlib
+import signal
+import threading
 import time
 
 import jax
@@ -94,28 +96,64 @@ def train(config, workdir, print_fn=print) -> dict:
                                        config.label_smoothing, config.grad_accum_steps)
     eval_fn = training.make_eval_step(graphdef, cfg, layout, shardings.params)
     writer = metrics_lib.Writer(workdir, config.num_train_steps, start)
-    last, tokens, clock = {}, 0.0, time.perf_counter()
-    try:
-        for step in range(start + 1, config.num_train_steps + 1):
-            state, m = step_fn(state, next(ds.train))
-            if step % config.log_every_steps == 0 or step == config.num_train_steps:
-                m = jax.device_get(m)
-                if not np.isfinite(m["loss"]):
-                    raise FloatingPointError(f"step {step}: loss is {m['loss']} (cross entropy "
-                                             f"{m['cross_entropy']}, aux {m['aux_loss']}, z "
-                                             f"{m['z_loss']}); the last good checkpoint is kept")
-                elapsed, clock = time.perf_counter() - clock, time.perf_counter()
-                tokens = float(m["tokens"]) * config.log_every_steps
-                last = metrics_lib.row(step, m, float(schedule(step - 1)), tokens / elapsed)
-                writer.write(last)
-                writer.progress(step, last["loss"], last["tokens_per_sec"])
-            if config.eval_every_steps and step % config.eval_every_steps == 0:
-                writer.write({"step": step, **evaluate_loss(eval_fn, state.params, ds)}, "eval")
-            ckpt.save(step, state, ds.train.get_state(), force=step == config.num_train_steps)
-    finally:
-        writer.close()
-        ckpt.close()
+    last, clock = {}, time.perf_counter()
+    with Preemption() as preempted:
+        try:
+            for step in range(start + 1, config.num_train_steps + 1):
+                batch = next(ds.train)
+                state, m = step_fn(state, batch)
+                stopping = preempted() or ckpt.manager.reached_preemption(step)
+                final = step == config.num_train_steps or stopping
+                saving = final or ckpt.manager.should_save(step)
+                if step % config.log_every_steps == 0 or saving:
+                    m = jax.device_get(m)
+                    check_finite(step, m)            # never checkpoint a diverged state
+                    elapsed, clock = time.perf_counter() - clock, time.perf_counter()
+                    tokens = float(m["tokens"]) * config.log_every_steps
+                    last = metrics_lib.row(step, m, float(schedule(step - 1)), tokens / elapsed)
+                    last["batch_sha1"] = metrics_lib.digest(batch)
+                    writer.write(last)
+                    writer.progress(step, last["loss"], last["tokens_per_sec"])
+                if config.eval_every_steps and step % config.eval_every_steps == 0:
+                    writer.write({"step": step, **evaluate_loss(eval_fn, state.params, ds)},
+                                 "eval")
+                ckpt.save(step, state, ds.train.get_state(), force=final)
+                if stopping:
+                    print_fn(f"\npreempted: saved step {step}; run the same command to resume")
+                    break
+        finally:
+            writer.close()
+            ckpt.close()
     return last
+
+
+def check_finite(step: int, m: dict) -> None:
+    if not np.isfinite(m["loss"]) or not m["params_finite"]:
+        raise FloatingPointError(
+            f"step {step}: loss is {m['loss']} (cross entropy {m['cross_entropy']}, aux "
+            f"{m['aux_loss']}, z {m['z_loss']}, updated parameters finite: "
+            f"{bool(m['params_finite'])}); stopped before checkpointing it, the last good "
+            "checkpoint is kept (lower the learning rate or use float32)")
+
+
+class Preemption:
+    """SIGTERM (what schedulers send before preemption) asks the loop to checkpoint the current
+    step and stop cleanly; ``with Preemption() as preempted: ... preempted()``. Multi-host runs
+    leave the signal to JAX's preemption service (Orbax's reached_preemption)."""
+
+    def __enter__(self):
+        self.flag, self.previous = False, None
+        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+        return lambda: self.flag
+
+    def _handle(self, signum, frame):
+        self.flag = True
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
 
 
 def _initial_state(config, cfg, tx, layout, abstract, shardings, ckpt, ds, pretrained):

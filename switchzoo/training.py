@@ -221,6 +221,9 @@ def make_train_step(graphdef, cfg: ModelConfig, tx, layout: layout_lib.Layout, s
             metrics["tokens"] = metrics["tokens"] * accumulate
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        # The loss describes the parameters before this update; this flag, the ones after it.
+        metrics["params_finite"] = jnp.all(jnp.stack(
+            [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
         return TrainState(state.step + 1, params, opt_state), metrics
 
     return jax.jit(train_step, in_shardings=(shardings, batch_shardings(layout)),

@@ -1,0 +1,127 @@
+"""Preemption and crashes, as a scheduler delivers them: SIGTERM checkpoints the current step and
+exits 0, and the resumed run is bitwise the uninterrupted one (every step's loss and the hash of
+every batch consumed); SIGKILL at random moments, during asynchronous saves too, always resumes
+from a committed checkpoint and leaves no temporary directories once the run finishes."""
+import json
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# One CPU device (quick start-up per process); unbuffered, so a killed run's output survives.
+ENV = {**os.environ, "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1"}
+
+
+def command(workdir, steps, every):
+    return [sys.executable, "train.py", f"--config=configs/mini.py:model=switch_tiny,steps={steps}",
+            "--config.log_every_steps=1", f"--config.checkpoint_every_steps={every}",
+            "--config.eval_every_steps=0", "--config.per_device_batch_size=4",
+            "--config.max_length=32", "--config.data.vocab_size=300",
+            "--config.data.embedded_max_pairs=2000", f"--workdir={workdir}"]
+
+
+def steps_logged(workdir) -> dict:
+    """{step: (loss, batch hash)} of every train row written so far (the last one wins)."""
+    path = pathlib.Path(workdir) / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return {r["step"]: (r["loss"], r["batch_sha1"]) for r in rows if r["split"] == "train"}
+
+
+def rows(workdir) -> int:
+    path = pathlib.Path(workdir) / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def start_and_wait(workdir, steps, every, until_step=None):
+    """Starts a run; returns once it has logged ``until_step`` (default: one new step)."""
+    seen = rows(workdir)
+    proc = subprocess.Popen(command(workdir, steps, every), cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while (max(steps_logged(workdir), default=0) < until_step if until_step
+           else rows(workdir) <= seen):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "the run did not reach the step in time"
+        time.sleep(0.05)
+    return proc
+
+
+def run(workdir, steps, every):
+    out = subprocess.run(command(workdir, steps, every), cwd=ROOT, env=ENV, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+def committed(workdir) -> set[int]:
+    ckpts = pathlib.Path(workdir) / "checkpoints"
+    return {int(p.name) for p in ckpts.iterdir() if p.name.isdigit()} if ckpts.exists() else set()
+
+
+def test_sigterm_checkpoints_and_the_resumed_run_is_bitwise_the_uninterrupted_one(tmp_path):
+    run(tmp_path / "straight", 12, 100)
+    reference = steps_logged(tmp_path / "straight")
+    proc = start_and_wait(tmp_path / "cut", 12, 100, until_step=4)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    stopped = max(steps_logged(tmp_path / "cut"))
+    assert stopped < 12 and f"preempted: saved step {stopped}" in out
+    assert committed(tmp_path / "cut") == {stopped}
+    resumed = run(tmp_path / "cut", 12, 100)
+    assert f"resuming at step {stopped}" in resumed.stdout
+    assert steps_logged(tmp_path / "cut") == reference            # losses and batch hashes
+
+
+def test_sigkill_at_random_moments_resumes_from_committed_checkpoints(tmp_path):
+    rng = random.Random(0)
+    workdir = tmp_path / "run"
+    resumed_from = []
+    proc = start_and_wait(workdir, 40, 1)
+    for kill in range(5):
+        time.sleep(rng.uniform(0.0, 0.6))          # saves run every step: kills land mid-save
+        proc.kill()
+        proc.wait()
+        before = committed(workdir)
+        assert before, "at least one checkpoint should have committed"
+        proc = start_and_wait(workdir, 40, 1)
+        # It resumed from the newest checkpoint that had committed, not from a partial one.
+        first_line = proc.stdout.readline()
+        assert f"resuming at step {max(before)}" in first_line, first_line
+        resumed_from.append(max(before))
+    proc.kill()
+    proc.wait()
+    final = run(workdir, 40, 1)
+    assert "resuming at step" in final.stdout
+    assert not [p for p in (workdir / "checkpoints").iterdir() if not p.name.isdigit()]
+    assert max(committed(workdir)) == 40 and len(resumed_from) == 5
+
+
+def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    import jax
+    import numpy as np
+    import pytest
+    from configs import mini
+    from switchzoo import evaluator, trainer
+
+    config = mini.get_config("model=switch_tiny,steps=4")
+    config.log_every_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 2, 0
+    config.per_device_batch_size, config.max_length = 1, 32
+    config.data.vocab_size, config.data.embedded_max_pairs = 300, 2000
+    trainer.train(config, tmp_path, print_fn=lambda *_: None)          # good steps 1..4
+    good = {p: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").rglob("*")}
+    config.num_train_steps, config.learning_rate = 30, 1e9             # then a real blow-up
+    with pytest.raises(FloatingPointError, match=r"step (\d+): loss is (nan|inf).*cross entropy"
+                                                 r".*last good checkpoint is kept") as info:
+        trainer.train(config, tmp_path, print_fn=lambda *_: None)
+    bad = int(str(info.value).split()[1].rstrip(":"))
+    assert max(committed(tmp_path)) < bad
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").rglob("*")
+            if p in good} == good                                       # untouched
+    _, _, params, step = evaluator.restore_params(config, tmp_path, trainer.setup_mesh(config),
+                                                  300)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
