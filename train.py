@@ -11,12 +11,14 @@ config_flags.DEFINE_config_file("config", "configs/demo.py", "Run config (file.p
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics, tokenizer and config.json go here.",
                     required=True)
 flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
+cli.define_distributed_flags()
 
 
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)   # JAX's backend probing is noise here
-    cli.run(lambda: trainer.train(flags.FLAGS.config, flags.FLAGS.workdir))
+    cli.run(lambda: (cli.initialize_distributed(),
+                     trainer.train(flags.FLAGS.config, flags.FLAGS.workdir)))
 
 
 if __name__ == "__main__":

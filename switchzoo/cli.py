@@ -1,6 +1,7 @@
 """What train.py and eval.py share: bad flags and bad input as one-line errors, exit code 2."""
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import flags
@@ -23,6 +24,28 @@ def parse_flags(argv):
     except (flags.Error, AttributeError, ValueError, TypeError, OSError) as e:
         print(f"error: bad flag: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
+
+
+def define_distributed_flags() -> None:
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process "
+                        "runs (else $JAX_COORDINATOR_ADDRESS; on TPU pods and SLURM JAX finds it)")
+    flags.DEFINE_integer("num_processes", None, "Processes in the run (else from the environment).")
+    flags.DEFINE_integer("process_id", None, "This process's index (else from the environment).")
+    flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() with what the "
+                      "environment provides (TPU pod slices, SLURM).")
+
+
+def initialize_distributed() -> None:
+    """JAX's own multi-host runtime: one jax.distributed.initialize before any computation."""
+    f = flags.FLAGS
+    address = f.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if not (address or f.distributed or (f.num_processes or 1) > 1):
+        return
+    import jax
+    # CPU collectives across processes (no effect on GPU/TPU backends).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=address, num_processes=f.num_processes,
+                               process_id=f.process_id)
 
 
 def run(fn, verbose_flag: str = "verbose") -> None:

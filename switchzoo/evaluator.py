@@ -55,7 +55,7 @@ def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
     eval_fn = training.make_eval_step(graphdef, cfg, layout, jax.tree.map(lambda x: x.sharding,
                                                                          params))
     results = {"step": step, "split": config.data.eval_split, "model": config.model,
-               **trainer.evaluate_loss(eval_fn, params, ds)}
+               **trainer.evaluate_loss(eval_fn, params, ds, layout)}
     results["bleu"] = None
     if config.task == "translation":
         model = api.Model(cfg, graphdef, params, layout)

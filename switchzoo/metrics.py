@@ -8,6 +8,7 @@ import pathlib
 import sys
 import time
 
+import jax
 import numpy as np
 
 
@@ -34,10 +35,14 @@ class Writer:
         self.path = pathlib.Path(workdir)
         self.total, self.start, self.stream = total_steps, start_step, stream
         self.began = time.perf_counter()
-        from tensorboardX import SummaryWriter
-        self.tb = SummaryWriter(str(self.path / "tensorboard"))
+        self.active = jax.process_index() == 0      # one process writes
+        if self.active:
+            from tensorboardX import SummaryWriter
+            self.tb = SummaryWriter(str(self.path / "tensorboard"))
 
     def write(self, record: dict, prefix: str = "train") -> None:
+        if not self.active:
+            return
         with open(self.path / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"split": prefix, **record}) + "\n")
         step = record["step"]
@@ -53,6 +58,8 @@ class Writer:
         self.tb.flush()
 
     def progress(self, step: int, loss: float, tokens_per_sec: float) -> None:
+        if not self.active:
+            return
         done = step - self.start
         elapsed = time.perf_counter() - self.began
         eta = elapsed / max(done, 1) * (self.total - step)
@@ -63,5 +70,7 @@ class Writer:
         self.stream.flush()
 
     def close(self) -> None:
+        if not self.active:
+            return
         self.stream.write("\n")
         self.tb.close()

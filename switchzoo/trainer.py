@@ -13,6 +13,7 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from switchzoo import checkpoints, data, evaluation, hf, training, zoo
 from switchzoo import layout as layout_lib
@@ -73,9 +74,21 @@ def train(config, workdir, print_fn=print) -> dict:
     workdir = pathlib.Path(workdir)
     layout = setup_mesh(config)                 # mesh errors before anything is written
     zoo.entry(config.model)
-    check_workdir(workdir, config)
-    ds = data.build(config.data, workdir, task=config.task, batch_size=batch_size(config),
-                    max_length=config.max_length, seed=config.seed)
+    lead = jax.process_index() == 0
+    if not lead:
+        print_fn = lambda *_: None              # noqa: E731  (one process speaks)
+
+    def build_data():
+        return data.build(config.data, workdir, task=config.task, batch_size=batch_size(config),
+                          max_length=config.max_length, seed=config.seed)
+    # Process 0 writes the workdir (config, corpus, tokenizer); the others then read it.
+    if lead:
+        check_workdir(workdir, config)
+        ds = build_data()
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("switchzoo: workdir ready")
+    if not lead:
+        ds = build_data()
     pretrained = hf.read_config(config.init_from) if config.init_from else None
     cfg = (model_config(config, ds.tokenizer.vocab_size) if pretrained is None
            else pretrained[1].replace(dtype=config.dtype, dropout=config.dropout))
@@ -101,7 +114,7 @@ def train(config, workdir, print_fn=print) -> dict:
         try:
             for step in range(start + 1, config.num_train_steps + 1):
                 batch = next(ds.train)
-                state, m = step_fn(state, batch)
+                state, m = step_fn(state, global_batch(batch, layout))
                 stopping = preempted() or ckpt.manager.reached_preemption(step)
                 final = step == config.num_train_steps or stopping
                 saving = final or ckpt.manager.should_save(step)
@@ -115,7 +128,7 @@ def train(config, workdir, print_fn=print) -> dict:
                     writer.write(last)
                     writer.progress(step, last["loss"], last["tokens_per_sec"])
                 if config.eval_every_steps and step % config.eval_every_steps == 0:
-                    writer.write({"step": step, **evaluate_loss(eval_fn, state.params, ds)},
+                    writer.write({"step": step, **evaluate_loss(eval_fn, state.params, ds, layout)},
                                  "eval")
                 ckpt.save(step, state, ds.train.get_state(), force=final)
                 if stopping:
@@ -125,6 +138,16 @@ def train(config, workdir, print_fn=print) -> dict:
             writer.close()
             ckpt.close()
     return last
+
+
+def global_batch(batch: dict, layout) -> dict:
+    """Every process reads the same global batch (the pipeline is deterministic); in a
+    multi-process run each contributes the shards its devices hold."""
+    if jax.process_count() == 1:
+        return batch
+    sharding = training.batch_shardings(layout)
+    return {k: jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
+            for k, v in batch.items()}
 
 
 def check_finite(step: int, m: dict) -> None:
@@ -172,12 +195,12 @@ def _initial_state(config, cfg, tx, layout, abstract, shardings, ckpt, ds, pretr
     return training.init_state(cfg, tx, layout, config.seed, shardings)[1]
 
 
-def evaluate_loss(eval_fn, params, ds) -> dict:
+def evaluate_loss(eval_fn, params, ds, layout) -> dict:
     """Token (and, for text with word counts, word) perplexity over the whole eval split, and
     the Switch metrics averaged over its batches."""
     totals, moe, n = {"nll": 0.0, "tokens": 0.0, "words": 0.0}, {}, 0
     for batch in ds.eval_batches():
-        out = jax.device_get(eval_fn(params, batch))
+        out = jax.device_get(eval_fn(params, global_batch(batch, layout)))
         for k in totals:
             totals[k] += float(out[k])
         for k in ("dropped_fraction", "expert_load"):
