@@ -56,4 +56,8 @@ def run(fn, verbose_flag: str = "verbose") -> None:
         if flags.FLAGS[verbose_flag].value:
             raise
         print(f"error: {one_line(e)}", file=sys.stderr)
-        sys.exit(2)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter teardown: a failed restore can leave I/O threads whose shutdown
+        # noise would bury the one line that matters.
+        os._exit(2)

@@ -29,6 +29,18 @@ class MoeConfig:
     sparse_layers: tuple[int, ...] | None = None           # decoder (or decoder-only) stack
     encoder_sparse_layers: tuple[int, ...] | None = None   # encoder stack
 
+    def __post_init__(self):
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"moe.top_k={self.top_k}: each token picks 1 (Switch) or 2 (GShard) "
+                             f"experts, at most num_experts={self.num_experts}")
+        if min(self.train_capacity_factor, self.eval_capacity_factor) <= 0:
+            raise ValueError("moe capacity factors must be positive (e.g. 1.25 for training, "
+                             "2.0 for evaluation)")
+        if self.group_size < 0 or self.min_capacity < 1:
+            raise ValueError(f"moe.group_size={self.group_size} / min_capacity="
+                             f"{self.min_capacity}: use a group size >= 0 (0: one group per "
+                             "sequence) and a minimum capacity >= 1")
+
     def capacity(self, group_size: int, train: bool) -> int:
         """Slots per expert per group: ceil(k * N * factor / E), at least min_capacity."""
         if self.expert_capacity is not None:

@@ -60,6 +60,11 @@ def check_workdir(workdir: pathlib.Path, config) -> None:
                 raise ValueError(f"{workdir} holds a run of {key} '{old.get(key)}', not "
                                  f"'{config[key]}'; use a new --workdir (nothing was changed)")
     workdir.mkdir(parents=True, exist_ok=True)
+
+
+def save_config(workdir: pathlib.Path, config) -> None:
+    """The resolved config, written once the run is known to start."""
+    saved = workdir / "config.json"
     tmp = saved.with_suffix(".tmp")
     tmp.write_text(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
     tmp.replace(saved)
@@ -100,8 +105,15 @@ def train(config, workdir, print_fn=print) -> dict:
                                         "data" if config.shard_optimizer_over_data else None)
     ckpt = checkpoints.Checkpoints(workdir / "checkpoints", config.checkpoint_every_steps,
                                    config.keep_checkpoints)
-    state = _initial_state(config, cfg, tx, layout, abstract, shardings, ckpt, ds, pretrained)
+    try:
+        state = _initial_state(config, cfg, tx, layout, abstract, shardings, ckpt, ds,
+                               pretrained)
+    except BaseException:
+        ckpt.close()                          # no async machinery left behind a clean error
+        raise
     start = int(state.step)
+    if lead:
+        save_config(workdir, config)
     print_fn(f"model {config.model}: {sum(x.size for x in jax.tree.leaves(state.params)):,} "
              f"parameters | mesh {dict(layout.mesh.shape)} | layout {layout.text} | "
              f"{'resuming at step ' + str(start) if start else 'from step 0'}")
@@ -184,7 +196,12 @@ def _initial_state(config, cfg, tx, layout, abstract, shardings, ckpt, ds, pretr
     directory (``pretrained`` = hf.read_config's answer); else a fresh initialisation."""
     latest = ckpt.latest_step()
     if latest is not None:
-        state, data_state = ckpt.restore(latest, abstract, shardings)
+        try:
+            state, data_state = ckpt.restore(latest, abstract, shardings)
+        except (ValueError, KeyError, OSError, RuntimeError, TypeError) as e:
+            raise ValueError(f"checkpoint {latest} in {ckpt.directory} cannot be restored for "
+                             f"this config ({cli_line(e)}); it was left as it is: use another "
+                             "--workdir, or move the damaged step directory away") from e
         ds.train.set_state(data_state)
         return state
     if pretrained is not None:
@@ -193,6 +210,11 @@ def _initial_state(config, cfg, tx, layout, abstract, shardings, ckpt, ds, pretr
                                                      tx.init(p)), out_shardings=shardings)
         return init(params)
     return training.init_state(cfg, tx, layout, config.seed, shardings)[1]
+
+
+def cli_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) < 300 else text[:300] + "..."
 
 
 def evaluate_loss(eval_fn, params, ds, layout) -> dict:
