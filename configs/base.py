@@ -44,6 +44,20 @@ def get_base() -> ml_collections.ConfigDict:
     return c
 
 
+def get_paper_scale() -> ml_collections.ConfigDict:
+    """The base with the settings of a full-size run on a prepared tfds dataset."""
+    c = get_base()
+    c.num_train_steps = 100_000
+    c.per_device_batch_size = 16
+    c.max_length = 256
+    c.warmup_steps = 10_000
+    c.eval_every_steps = 5000
+    c.checkpoint_every_steps = 2000
+    c.data.source = "tfds"
+    c.data.vocab_size = 32000
+    return c
+
+
 def apply_variant(c: ml_collections.ConfigDict, arg: str | None, aliases: dict) -> None:
     """Applies ``key=value,...`` (keys: config fields, dotted, or the file's aliases); a key that
     is not a field is an error, not a new field."""

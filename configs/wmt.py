@@ -9,19 +9,11 @@ from configs import base
 
 
 def get_config(arg: str | None = None):
-    c = base.get_base()
+    c = base.get_paper_scale()
     c.model = "switch_base_8"
     c.task = "translation"
     c.layout = "dp_ep"
-    c.num_train_steps = 100_000
-    c.per_device_batch_size = 16
-    c.max_length = 256
-    c.warmup_steps = 10_000
-    c.eval_every_steps = 5000
-    c.checkpoint_every_steps = 2000
-    c.data.source = "tfds"
     c.data.pair = "en-de"
-    c.data.vocab_size = 32000
     c.data.eval_split = "validation"
     base.apply_variant(c, arg, {"steps": "num_train_steps", "pair": "data.pair"})
     other = [lang for lang in c.data.pair.split("-") if lang != "en"]
