@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import difflib
+import functools
 import math
 import pathlib
 import re
@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from switchzoo import dims as dims_lib
+from switchzoo import registry
 
 PRESET_DIR = pathlib.Path(__file__).resolve().parent.parent / "layouts"
 DEFAULT_AXES = ("data", "model", "expert")
@@ -35,11 +36,6 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class LayoutError(ValueError):
     """A mistake in a mesh spec or layout string; the message names the tensor and the fix."""
-
-
-def _suggest(word: str, options) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 # ---------------------------------------------------------------------------------------- meshes
@@ -116,6 +112,7 @@ class Preset:
     doc: str
 
 
+@functools.cache
 def presets() -> dict[str, Preset]:
     """The named layouts shipped in layouts/*.toml."""
     out = {}
@@ -132,7 +129,7 @@ def layout_string(name_or_string: str) -> str:
     known = presets()
     if name_or_string not in known:
         raise LayoutError(f"unknown layout preset '{name_or_string}'"
-                          f"{_suggest(name_or_string, known)}; choose one of {sorted(known)} "
+                          f"{registry.suggest(name_or_string, known)}; choose one of {sorted(known)} "
                           "or write a layout string such as 'batch:data,d_ff:model'")
     return known[name_or_string].layout
 
@@ -148,7 +145,7 @@ def parse_layout(text: str, mesh_axes: tuple[str, ...]) -> dict[str, tuple[str, 
                               "'dim:axis+axis'); e.g. 'batch:data,d_ff:model'")
         if dim not in dims_lib.VOCABULARY:
             raise LayoutError(f"layout {text!r}: unknown dimension '{dim}'"
-                              f"{_suggest(dim, dims_lib.NAMES)}; dimensions are "
+                              f"{registry.suggest(dim, dims_lib.NAMES)}; dimensions are "
                               f"{', '.join(dims_lib.NAMES)}")
         if dim in rules:
             raise LayoutError(f"layout {text!r}: dimension '{dim}' is laid out twice; give each "
@@ -157,7 +154,7 @@ def parse_layout(text: str, mesh_axes: tuple[str, ...]) -> dict[str, tuple[str, 
         for axis in names:
             if axis not in mesh_axes:
                 raise LayoutError(f"layout {text!r}: dimension '{dim}' uses mesh axis '{axis}'"
-                                  f"{_suggest(axis, mesh_axes)}, which the mesh does not have; "
+                                  f"{registry.suggest(axis, mesh_axes)}, which the mesh does not have; "
                                   f"mesh axes are {list(mesh_axes)}")
         if len(set(names)) != len(names):
             raise LayoutError(f"layout {text!r}: dimension '{dim}' names a mesh axis twice; "

@@ -13,14 +13,12 @@ keys; a null ``moe.*`` override means the catalogue default, which is what is co
 from __future__ import annotations
 
 import argparse
-import difflib
-import importlib.util
 import json
 import math
 import pathlib
 import sys
 
-from switchzoo import evaluation
+from switchzoo import evaluation, registry
 
 TABLES_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs" / "tables"
 _REQUIRED = ("title", "source", "metric", "columns", "rows", "command")
@@ -30,12 +28,7 @@ HIGHER_IS_BETTER = {"bleu", "neg_log_perplexity"}
 
 def _load_all() -> dict[str, dict]:
     tables: dict[str, dict] = {}
-    for path in sorted(TABLES_DIR.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
-        spec = importlib.util.spec_from_file_location(f"switchzoo_tables_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    for path, module in registry.modules(TABLES_DIR):
         for suffix, attr in (("", "TABLE"), ("_mini", "MINI")):
             if hasattr(module, attr):
                 tables[path.stem + suffix] = _validate(getattr(module, attr), f"{path}:{attr}")
@@ -68,12 +61,7 @@ def names() -> list[str]:
 
 
 def get(name: str) -> dict:
-    tables = _load_all()
-    if name not in tables:
-        close = difflib.get_close_matches(name, tables, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ValueError(f"unknown table '{name}'{hint}; tables: {', '.join(tables)}")
-    return tables[name]
+    return registry.lookup(_load_all(), name, "table")
 
 
 def _as_list(x) -> list:

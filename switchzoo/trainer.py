@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from switchzoo import checkpoints, data, evaluation, hf, training, zoo
+from switchzoo import checkpoints, cli, data, evaluation, hf, training, zoo
 from switchzoo import layout as layout_lib
 from switchzoo import metrics as metrics_lib
 from switchzoo.config import ModelConfig
@@ -200,7 +200,7 @@ def _initial_state(config, cfg, tx, layout, abstract, shardings, ckpt, ds, pretr
             state, data_state = ckpt.restore(latest, abstract, shardings)
         except (ValueError, KeyError, OSError, RuntimeError, TypeError) as e:
             raise ValueError(f"checkpoint {latest} in {ckpt.directory} cannot be restored for "
-                             f"this config ({cli_line(e)}); it was left as it is: use another "
+                             f"this config ({cli.one_line(e)[:300]}); it was left as it is: use another "
                              "--workdir, or move the damaged step directory away") from e
         ds.train.set_state(data_state)
         return state
@@ -210,11 +210,6 @@ def _initial_state(config, cfg, tx, layout, abstract, shardings, ckpt, ds, pretr
                                                      tx.init(p)), out_shardings=shardings)
         return init(params)
     return training.init_state(cfg, tx, layout, config.seed, shardings)[1]
-
-
-def cli_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return text if len(text) < 300 else text[:300] + "..."
 
 
 def evaluate_loss(eval_fn, params, ds, layout) -> dict:

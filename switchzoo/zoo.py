@@ -9,15 +9,14 @@ token and source of every catalogue entry.
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
-import importlib.util
 import json
 import math
 import pathlib
 import re
 import sys
 
+from switchzoo import registry
 from switchzoo.config import ModelConfig, MoeConfig
 
 CATALOGUE_DIR = pathlib.Path(__file__).resolve().parent.parent / "models"
@@ -29,12 +28,7 @@ _UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
 def _entries() -> dict[str, dict]:
     entries: dict[str, dict] = {}
     # switch.py first, so the catalogue opens with its tiny entries.
-    for path in sorted(CATALOGUE_DIR.glob("*.py"), key=lambda p: (p.stem != "switch", p.stem)):
-        if path.name.startswith("_"):
-            continue
-        spec = importlib.util.spec_from_file_location(f"switchzoo_models_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    for _, module in registry.modules(CATALOGUE_DIR, first="switch"):
         for name, entry in module.MODELS.items():
             if name in entries:
                 raise ValueError(f"model '{name}' is defined twice in {CATALOGUE_DIR}; rename one")
@@ -48,12 +42,7 @@ def names() -> list[str]:
 
 def entry(name: str) -> dict:
     """The catalogue entry: hyper-parameters plus 'source', 'published' figures and 'note'."""
-    entries = _entries()
-    if name not in entries:
-        close = difflib.get_close_matches(name, entries, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ValueError(f"unknown model '{name}'{hint}; known models: {', '.join(entries)}")
-    return entries[name]
+    return registry.lookup(_entries(), name, "model")
 
 
 def get(name: str) -> ModelConfig:
