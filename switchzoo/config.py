@@ -28,6 +28,12 @@ class MoeConfig:
     sparse_offset: int = -1
     sparse_layers: tuple[int, ...] | None = None           # decoder (or decoder-only) stack
     encoder_sparse_layers: tuple[int, ...] | None = None   # encoder stack
+    # How tokens reach their experts: "einsum" (one-hot dispatch/combine into capacity slots,
+    # tokens past capacity dropped) or "dropless" (sorted by expert, grouped matmul, nothing
+    # dropped; capacity factors unused). See switchzoo/dropless.py.
+    dispatch: str = "einsum"
+    grouped_matmul: str = "auto"         # dropless: "auto" | "blocks" | "ragged_dot"
+    block_size: int = 128                # dropless "blocks": rows per block
 
     def __post_init__(self):
         if not 1 <= self.top_k <= self.num_experts:
@@ -36,6 +42,13 @@ class MoeConfig:
         if min(self.train_capacity_factor, self.eval_capacity_factor) <= 0:
             raise ValueError("moe capacity factors must be positive (e.g. 1.25 for training, "
                              "2.0 for evaluation)")
+        if self.dispatch not in ("einsum", "dropless"):
+            raise ValueError(f"moe.dispatch={self.dispatch!r}: use 'einsum' (capacity slots) "
+                             "or 'dropless' (sorted, grouped matmul)")
+        if self.grouped_matmul not in ("auto", "blocks", "ragged_dot") or self.block_size < 1:
+            raise ValueError(f"moe.grouped_matmul={self.grouped_matmul!r} / block_size="
+                             f"{self.block_size}: use 'auto', 'blocks' or 'ragged_dot' and a "
+                             "block size >= 1")
         if self.group_size < 0 or self.min_capacity < 1:
             raise ValueError(f"moe.group_size={self.group_size} / min_capacity="
                              f"{self.min_capacity}: use a group size >= 0 (0: one group per "

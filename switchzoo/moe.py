@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from switchzoo import dropless
 from switchzoo.config import MoeConfig
 from switchzoo.layers import dropout, param, split
-from switchzoo.layout import LayoutError, constrain
-from switchzoo.routing import Router, route
+from switchzoo.layout import LayoutError, active, constrain
+from switchzoo.routing import Router, choose, route
 
 
 def num_groups(batch: int, length: int, group_size: int) -> int:
@@ -62,6 +63,8 @@ class SwitchFFN(nnx.Module):
         logits_GNE = constrain(self.router(x_GND, cfg.jitter, jitter_rng),
                                ("groups", "group_size", "experts"))
         valid_GN = None if valid_BL is None else valid_BL.reshape(G, N)
+        if cfg.dispatch == "dropless":
+            return self._dropless(x_BLD, logits_GNE, valid_GN, drop_rng)
         r = route(logits_GNE, cfg.top_k, C, cfg.normalize_top_k, valid_GN)
         # Pin the routing masks to the tokens' devices, so the partitioner moves tokens (one
         # all-to-all each way) rather than masks.
@@ -88,3 +91,20 @@ class SwitchFFN(nnx.Module):
         y_GND = constrain(y_GND, ("groups", "group_size", "d_model"))
         stats = {"aux_loss": r.aux_loss, "z_loss": r.z_loss, **r.metrics}
         return y_GND.reshape(B, L, D), stats
+
+    def _dropless(self, x_BLD, logits_GNE, valid_GN, drop_rng):
+        """Every pick served: sort by expert, grouped matmul (switchzoo/dropless.py)."""
+        cfg = self.cfg
+        B, L, _ = x_BLD.shape
+        c = choose(logits_GNE, cfg.top_k, cfg.normalize_top_k, valid_GN)
+        valid_BL = (jnp.ones((B, L), bool) if valid_GN is None
+                    else valid_GN.reshape(B, L).astype(bool))
+        weights = dropless.Weights(**{k: getattr(self, k)[...] for k in
+                                      (("wi_0", "wi_1", "wo") if self.gated else ("wi", "wo"))})
+        y_BLD = dropless.layer(x_BLD, c.index_GNP.reshape(B, L, -1),
+                               c.gates_GNP.reshape(B, L, -1), valid_BL, weights,
+                               cfg.num_experts, active(), cfg.grouped_matmul, cfg.block_size,
+                               cfg.expert_dropout, drop_rng)
+        stats = {"aux_loss": c.aux_loss, "z_loss": c.z_loss,
+                 "dropped_fraction": jnp.zeros((), jnp.float32), **c.metrics}
+        return y_BLD, stats

@@ -47,6 +47,44 @@ def _top_k(probs_GNE, k: int):
     return jnp.stack(gates, -1), jnp.stack(indices, -1).astype(jnp.int32)
 
 
+class Choices(NamedTuple):
+    gates_GNP: jax.Array          # gate of each pick (renormalised over picks if asked)
+    index_GNP: jax.Array          # expert of each pick, int32
+    mask_GNPE: jax.Array          # one-hot picks, zero for padding
+    aux_loss: jax.Array
+    z_loss: jax.Array
+    metrics: dict                 # expert_load [E], router_confidence
+
+
+def choose(logits_GNE, top_k: int, normalize: bool = True, valid_GN=None) -> Choices:
+    """Each token's top-k experts and gates, and the routing losses (no capacity yet).
+    Tokens with ``valid_GN`` false (padding) pick nothing and count in no loss or metric."""
+    logits_GNE = logits_GNE.astype(jnp.float32)
+    G, N, E = logits_GNE.shape
+    valid_GN = (jnp.ones((G, N), jnp.float32) if valid_GN is None
+                else valid_GN.astype(jnp.float32))
+    count = jnp.maximum(jnp.sum(valid_GN), 1.0)
+    probs_GNE = jax.nn.softmax(logits_GNE, axis=-1)
+    gates_GNP, index_GNP = _top_k(probs_GNE, top_k)
+    if normalize and top_k > 1:
+        gates_GNP = gates_GNP / jnp.sum(gates_GNP, axis=-1, keepdims=True)
+    mask_GNPE = jax.nn.one_hot(index_GNP, E, dtype=jnp.float32) * valid_GN[:, :, None, None]
+
+    # Switch eq. 4 over first choices (as GShard), so it is 1.0 at perfect balance for any k:
+    # E * sum_e f_e * P_e, f_e = fraction of tokens whose first choice is e, P_e = mean prob.
+    per_group_GN = jnp.maximum(jnp.sum(valid_GN, axis=1, keepdims=True), 1.0)
+    fraction_GE = jnp.sum(mask_GNPE[:, :, 0], axis=1) / per_group_GN
+    prob_GE = jnp.sum(probs_GNE * valid_GN[..., None], axis=1) / per_group_GN
+    aux_loss = jnp.sum(fraction_GE * prob_GE) / jnp.maximum(jnp.sum(jnp.any(valid_GN > 0, 1)),
+                                                            1.0) * E
+    z_loss = jnp.sum(jnp.square(jax.nn.logsumexp(logits_GNE, axis=-1)) * valid_GN) / count
+    metrics = {
+        "expert_load": jnp.sum(mask_GNPE, axis=(0, 1, 2)) / (count * top_k),
+        "router_confidence": jnp.sum(jnp.max(probs_GNE, axis=-1) * valid_GN) / count,
+    }
+    return Choices(gates_GNP, index_GNP, mask_GNPE, aux_loss, z_loss, metrics)
+
+
 def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
           valid_GN=None) -> Routing:
     """Picks each token's top-k experts and gives it a slot while the expert has room.
@@ -59,16 +97,9 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
     With top_k > 1 this priority is not causal: a later token's first choice can take the slot
     of an earlier token's second choice (as in GShard); top-1 routing is causal.
     """
-    logits_GNE = logits_GNE.astype(jnp.float32)
+    c = choose(logits_GNE, top_k, normalize, valid_GN)
     G, N, E = logits_GNE.shape
-    valid_GN = (jnp.ones((G, N), jnp.float32) if valid_GN is None
-                else valid_GN.astype(jnp.float32))
-    count = jnp.maximum(jnp.sum(valid_GN), 1.0)
-    probs_GNE = jax.nn.softmax(logits_GNE, axis=-1)
-    gates_GNP, index_GNP = _top_k(probs_GNE, top_k)
-    if normalize and top_k > 1:
-        gates_GNP = gates_GNP / jnp.sum(gates_GNP, axis=-1, keepdims=True)
-    mask_GNPE = jax.nn.one_hot(index_GNP, E, dtype=jnp.float32) * valid_GN[:, :, None, None]
+    mask_GNPE = c.mask_GNPE
 
     # Slot = how many earlier (choice, position) pairs chose the same expert.
     flat_mask = jnp.swapaxes(mask_GNPE, 1, 2).reshape(G, top_k * N, E)      # [G, P*N, E]
@@ -78,20 +109,10 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
     slot_GNP = jnp.sum(slot_GNPE * mask_GNPE, axis=-1).astype(jnp.int32)
     onehot_GNPC = jax.nn.one_hot(slot_GNP, capacity, dtype=jnp.float32)
     dispatch_GNEC = jnp.einsum("GNPE,GNPC->GNEC", keep_GNPE, onehot_GNPC)
-    combine_GNEC = jnp.einsum("GNP,GNPE,GNPC->GNEC", gates_GNP, keep_GNPE, onehot_GNPC)
-
-    # Switch eq. 4 over first choices (as GShard), so it is 1.0 at perfect balance for any k:
-    # E * sum_e f_e * P_e, f_e = fraction of tokens whose first choice is e, P_e = mean prob.
-    per_group_GN = jnp.maximum(jnp.sum(valid_GN, axis=1, keepdims=True), 1.0)
-    fraction_GE = jnp.sum(mask_GNPE[:, :, 0], axis=1) / per_group_GN
-    prob_GE = jnp.sum(probs_GNE * valid_GN[..., None], axis=1) / per_group_GN
-    aux_loss = jnp.sum(fraction_GE * prob_GE) / jnp.maximum(jnp.sum(jnp.any(valid_GN > 0, 1)),
-                                                            1.0) * E
-    z_loss = jnp.sum(jnp.square(jax.nn.logsumexp(logits_GNE, axis=-1)) * valid_GN) / count
+    combine_GNEC = jnp.einsum("GNP,GNPE,GNPC->GNEC", c.gates_GNP, keep_GNPE, onehot_GNPC)
     metrics = {
         # per (token, pick) assignment: with top-2, a token may lose one pick and keep the other
         "dropped_fraction": 1.0 - jnp.sum(keep_GNPE) / jnp.maximum(jnp.sum(mask_GNPE), 1.0),
-        "expert_load": jnp.sum(mask_GNPE, axis=(0, 1, 2)) / (count * top_k),
-        "router_confidence": jnp.sum(jnp.max(probs_GNE, axis=-1) * valid_GN) / count,
+        **c.metrics,
     }
-    return Routing(dispatch_GNEC, combine_GNEC, aux_loss, z_loss, metrics)
+    return Routing(dispatch_GNEC, combine_GNEC, c.aux_loss, c.z_loss, metrics)

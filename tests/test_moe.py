@@ -32,7 +32,7 @@ def oracle(ffn: SwitchFFN, x_BLD):
     n_total = B * L_
     N = min(cfg.group_size, n_total)
     capacity = cfg.capacity(N, train=False)
-    tokens = x.reshape(-1, N, D)
+    tokens = x.reshape(-1, N, x.shape[-1])
     y = np.zeros_like(tokens)
     kept = np.zeros(tokens.shape[:2] + (cfg.top_k,), bool)
     for g, group in enumerate(tokens):
@@ -43,7 +43,7 @@ def oracle(ffn: SwitchFFN, x_BLD):
         gates = np.take_along_axis(probs, picks, -1)
         if cfg.top_k > 1:
             gates /= gates.sum(-1, keepdims=True)
-        load = np.zeros(E, int)
+        load = np.zeros(cfg.num_experts, int)
         for p in range(cfg.top_k):
             for n in range(N):
                 e = picks[n, p]

@@ -1,0 +1,257 @@
+"""Dropless experts: sort the (token, pick) assignments by expert, run every expert on exactly
+its tokens, un-sort. No capacity, so no token is dropped and no slot is padding.
+
+The grouped computation is either ``lax.ragged_dot`` (efficient where the backend has a
+grouped-matmul kernel: GPU, TPU) or a block-sparse matmul (MegaBlocks-style): each expert's
+rows are padded to a multiple of ``block`` rows and a loop runs one [block, D] x [D, F] matmul
+per non-empty block, so the work is the real tokens plus at most ``block - 1`` rows per expert.
+On CPU ``ragged_dot`` computes every group against every row (E times the work); the block
+loop does not.
+
+Under a layout that splits the experts over mesh axes the layer runs per device in
+``shard_map``: tokens split over the same axes go to the device holding their expert with one
+all-to-all and come back with another (expert weights never move). The exchange buffers are
+sized for the worst case (every local token picking one device's experts): n x the local
+tokens for n expert shards, the price of static shapes without drops.
+
+Shapes: T local tokens, A = T*P assignments, M rows entering the experts, R padded rows,
+J blocks, E experts (on this device).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from switchzoo.layout import Layout, LayoutError
+
+IMPLS = ("auto", "blocks", "ragged_dot")
+
+
+def resolve(impl: str) -> str:
+    """"auto": ragged_dot where the backend has a grouped-matmul kernel, else blocks."""
+    if impl == "auto":
+        return "ragged_dot" if jax.default_backend() in ("gpu", "tpu") else "blocks"
+    return impl
+
+
+# ------------------------------------------------------------- block-sparse grouped matmul
+
+def _block_loop(x_RK, w_EKF, block_e_J, num_blocks, block: int, subscripts: str):
+    """out[rows of block j] = x[rows of block j] . w[block_e[j]] for the first num_blocks
+    blocks (a loop with a traced trip count, so empty blocks cost nothing); zero elsewhere."""
+    R = x_RK.shape[0]
+    F = w_EKF.shape[2] if subscripts == "rk,kf->rf" else w_EKF.shape[1]
+
+    def body(j, out):
+        x_blk = jax.lax.dynamic_slice_in_dim(x_RK, j * block, block, 0)
+        w_j = jax.lax.dynamic_index_in_dim(w_EKF, block_e_J[j], 0, keepdims=False)
+        y = jnp.einsum(subscripts, x_blk, w_j, preferred_element_type=jnp.float32)
+        return jax.lax.dynamic_update_slice_in_dim(out, y.astype(out.dtype), j * block, 0)
+
+    return jax.lax.fori_loop(0, num_blocks, body, jnp.zeros((R, F), x_RK.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def block_matmul(x_RD, w_EDF, block_e_J, num_blocks, block: int):
+    """[R, D] x [E, D, F] -> [R, F], block j of ``block`` rows using expert block_e_J[j]."""
+    return _block_loop(x_RD, w_EDF, block_e_J, num_blocks, block, "rk,kf->rf")
+
+
+def _block_matmul_fwd(x_RD, w_EDF, block_e_J, num_blocks, block):
+    return block_matmul(x_RD, w_EDF, block_e_J, num_blocks, block), (x_RD, w_EDF, block_e_J,
+                                                                      num_blocks)
+
+
+def _block_matmul_bwd(block, res, g_RF):
+    x_RD, w_EDF, block_e_J, num_blocks = res
+    dx_RD = _block_loop(g_RF, w_EDF, block_e_J, num_blocks, block, "rf,kf->rk")
+
+    def body(j, dw_EDF):
+        x_blk = jax.lax.dynamic_slice_in_dim(x_RD, j * block, block, 0)
+        g_blk = jax.lax.dynamic_slice_in_dim(g_RF, j * block, block, 0)
+        e = block_e_J[j]
+        dw = jnp.einsum("rd,rf->df", x_blk, g_blk, preferred_element_type=jnp.float32)
+        old = jax.lax.dynamic_index_in_dim(dw_EDF, e, 0, keepdims=True)
+        return jax.lax.dynamic_update_index_in_dim(dw_EDF, old + dw[None].astype(old.dtype), e, 0)
+
+    dw_EDF = jax.lax.fori_loop(0, num_blocks, body, jnp.zeros_like(w_EDF))
+    return dx_RD, dw_EDF, None, None
+
+
+block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
+
+
+# -------------------------------------------------------------------- experts on sorted rows
+
+class Weights:
+    """One device's expert weights: wi [E, D, F] (or wi_0 and wi_1 when gated), wo [E, F, D]."""
+
+    def __init__(self, wi=None, wo=None, wi_0=None, wi_1=None):
+        self.wi, self.wo, self.wi_0, self.wi_1 = wi, wo, wi_0, wi_1
+
+    @property
+    def num_experts(self) -> int:
+        return self.wo.shape[0]
+
+
+def _mlp(grouped, x, w: Weights, dropout_fn):
+    if w.wi is None:
+        h = jax.nn.gelu(grouped(x, w.wi_0), approximate=True) * grouped(x, w.wi_1)
+    else:
+        h = jax.nn.relu(grouped(x, w.wi))
+    return grouped(dropout_fn(h), w.wo)
+
+
+def _dropout(rate: float, rng):
+    if not rate or rng is None:
+        return lambda h: h
+    return lambda h: jnp.where(jax.random.bernoulli(rng, 1.0 - rate, h.shape), h / (1.0 - rate),
+                               0).astype(h.dtype)
+
+
+def run_experts(x_MD, expert_M, w: Weights, impl: str = "blocks", block: int = 128,
+                dropout_fn=lambda h: h):
+    """Each row through its expert's MLP (unweighted); rows with expert id >= E get zero."""
+    E = w.num_experts
+    M, D = x_MD.shape
+    order = jnp.argsort(expert_M, stable=True)
+    e_sorted = expert_M[order]
+    counts_E = jnp.bincount(jnp.minimum(expert_M, E), length=E + 1)[:E].astype(jnp.int32)
+    if impl == "ragged_dot":
+        x_sorted = x_MD[order]
+
+        def grouped(x, weight):
+            return jax.lax.ragged_dot(x, weight.astype(x.dtype), counts_E)
+
+        y_sorted = _mlp(grouped, x_sorted, w, dropout_fn)
+        y_sorted = jnp.where((e_sorted < E)[:, None], y_sorted, 0)
+        return jnp.zeros_like(y_sorted).at[order].set(y_sorted)
+
+    # Blocks: pad each expert's rows to a multiple of the block size.
+    block = min(block, max(8, 1 << (M - 1).bit_length()))       # no bigger than needed
+    padded_E = (counts_E + block - 1) // block * block
+    padded_end_E = jnp.cumsum(padded_E)
+    start_E = jnp.cumsum(counts_E) - counts_E
+    R = math.ceil((M + E * (block - 1)) / block) * block           # static bound on padded rows
+    valid = e_sorted < E
+    e_clip = jnp.minimum(e_sorted, E - 1)
+    rank = jnp.arange(M) - start_E[e_clip]
+    row_M = jnp.where(valid, padded_end_E[e_clip] - padded_E[e_clip] + rank, R)
+    x_RD = jnp.zeros((R, D), x_MD.dtype).at[row_M].set(x_MD[order], mode="drop")
+    num_blocks = padded_end_E[-1] // block
+    block_e_J = jnp.minimum(jnp.searchsorted(padded_end_E, jnp.arange(R // block) * block,
+                                             side="right"), E - 1).astype(jnp.int32)
+
+    def grouped(x, weight):
+        return block_matmul(x, weight.astype(x.dtype), block_e_J, num_blocks, block)
+
+    y_RD = _mlp(grouped, x_RD, w, dropout_fn)
+    y_sorted = jnp.take(y_RD, row_M, axis=0, mode="fill", fill_value=0)
+    return jnp.zeros_like(y_sorted).at[order].set(y_sorted)
+
+
+# ------------------------------------------------------------------------ the whole layer
+
+def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, rng=None, *, num_experts: int,
+           expert_axes: tuple, ff_axes: tuple, exchange: bool, impl: str, block: int,
+           rate: float):
+    """One device's share (or the whole layer, with no axes)."""
+    if rng is not None and (expert_axes or ff_axes):
+        rng = jax.random.fold_in(rng, jax.lax.axis_index(tuple(expert_axes) + tuple(ff_axes)))
+    dropout_fn = _dropout(rate, rng)
+    B, L, D = x_BLD.shape
+    P = index_BLP.shape[-1]
+    x_TD = x_BLD.reshape(B * L, D)
+    E_local = w.num_experts
+    n = num_experts // E_local
+    token_A = jnp.repeat(jnp.arange(B * L), P)
+    expert_A = jnp.where(jnp.repeat(valid_BL.reshape(-1), P), index_BLP.reshape(-1),
+                         num_experts)
+    gate_A = gates_BLP.reshape(-1).astype(x_BLD.dtype)
+    run = functools.partial(run_experts, w=w, impl=impl, block=block, dropout_fn=dropout_fn)
+
+    if exchange:
+        # Tokens are split over the expert axes: send each assignment to its expert's device.
+        A = expert_A.shape[0]
+        order = jnp.argsort(expert_A, stable=True)
+        e_s = expert_A[order]
+        dest_s = e_s // E_local                                      # n for padding
+        start_n = jnp.cumsum(jnp.bincount(dest_s, length=n + 1)[:n]) - jnp.bincount(
+            dest_s, length=n + 1)[:n]
+        slot_s = jnp.arange(A) - start_n[jnp.minimum(dest_s, n - 1)]
+        send_x = jnp.zeros((n, A, D), x_TD.dtype).at[dest_s, slot_s].set(
+            x_TD[token_A[order]], mode="drop")
+        send_e = jnp.full((n, A), E_local, jnp.int32).at[dest_s, slot_s].set(
+            e_s % E_local, mode="drop")
+        recv_x = jax.lax.all_to_all(send_x, expert_axes, 0, 0)
+        recv_e = jax.lax.all_to_all(send_e, expert_axes, 0, 0)
+        y = run(recv_x.reshape(n * A, D), recv_e.reshape(n * A))
+        if ff_axes:
+            y = jax.lax.psum(y, ff_axes)
+        back = jax.lax.all_to_all(y.reshape(n, A, D), expert_axes, 0, 0)
+        out_s = back.at[dest_s, slot_s].get(mode="fill", fill_value=0)
+        return jnp.zeros_like(x_TD).at[token_A[order]].add(gate_A[order][:, None] * out_s
+                                                           ).reshape(B, L, D)
+
+    # Tokens are replicated over the expert axes (or there are none): each device runs its own
+    # experts on the assignments that picked them, then the partial outputs are summed.
+    first = (jax.lax.axis_index(expert_axes) * E_local) if expert_axes else 0
+    local = expert_A - first
+    local = jnp.where((local >= 0) & (local < E_local), local, E_local)
+    y = run(x_TD[token_A], local)
+    y_TD = jnp.zeros_like(x_TD).at[token_A].add(gate_A[:, None] * y)
+    if expert_axes or ff_axes:
+        y_TD = jax.lax.psum(y_TD, tuple(expert_axes) + tuple(ff_axes))
+    return y_TD.reshape(B, L, D)
+
+
+def _axes(entry) -> tuple:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, num_experts: int,
+          layout: Layout | None, impl: str = "auto", block: int = 128, rate: float = 0.0,
+          rng=None):
+    """y_BLD = sum over picks of gate * expert(x), every pick served; expert dropout at ``rate``
+    with ``rng``. ``layout`` None (or a one-device mesh): computed in place; else per device
+    under shard_map."""
+    kw = dict(num_experts=num_experts, impl=resolve(impl), block=block, rate=rate)
+    if layout is None or layout.mesh.size == 1:
+        return _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w, rng, expert_axes=(),
+                      ff_axes=(), exchange=False, **kw)
+    names = [k for k in ("wi", "wo", "wi_0", "wi_1") if getattr(w, k) is not None]
+    specs = {k: layout.spec(("experts", "d_ff", "d_model") if k == "wo" else
+                            ("experts", "d_model", "d_ff"), getattr(w, k).shape, f"experts/{k}")
+             for k in names}
+    wi_spec = tuple(specs[names[0]]) + (None,) * 3
+    expert_axes, d_axes, ff_axes = (_axes(e) for e in wi_spec[:3])
+    if d_axes:
+        raise LayoutError(f"moe.dispatch='dropless' needs d_model unsplit in the experts, but "
+                          f"layout {layout.text!r} splits it over {d_axes}; use the einsum "
+                          "dispatch with this layout, or drop d_model from it")
+    x_spec = layout.spec(("batch", "length", "d_model"), x_BLD.shape, strict=False)
+    batch_axes = _axes(tuple(x_spec)[0] if len(x_spec) else None)
+    shared = tuple(a for a in batch_axes if a in expert_axes)
+    if shared and set(shared) != set(expert_axes):
+        raise LayoutError(f"moe.dispatch='dropless': layout {layout.text!r} splits the batch "
+                          f"over some of the experts' axes {expert_axes} but not all; split it "
+                          "over all of them (expert parallelism) or none")
+    if shared and shared != expert_axes:
+        raise LayoutError(f"moe.dispatch='dropless': list the expert axes {expert_axes} in the "
+                          f"same order for batch and experts in layout {layout.text!r}")
+    body = functools.partial(_layer, expert_axes=expert_axes, ff_axes=ff_axes,
+                             exchange=bool(shared), **kw)
+
+    def per_device(x, idx, gates, valid, rng, *ws):
+        return body(x, idx, gates, valid, Weights(**dict(zip(names, ws))), rng)
+
+    tok = PartitionSpec(*x_spec)
+    in_specs = (tok, tok, tok, PartitionSpec(*tuple(x_spec)[:2]),
+                None if rng is None else PartitionSpec(), *(specs[k] for k in names))
+    fn = jax.shard_map(per_device, mesh=layout.mesh, in_specs=in_specs, out_specs=tok,
+                       check_vma=False)
+    return fn(x_BLD, index_BLP, gates_BLP, valid_BL, rng, *(getattr(w, k) for k in names))

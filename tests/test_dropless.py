@@ -1,0 +1,144 @@
+"""The dropless dispatch against the einsum one (nothing dropped) and the per-token oracle."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from switchzoo import layout as L
+from switchzoo.config import MoeConfig
+from switchzoo.dropless import block_matmul
+from switchzoo.inspector import count_collectives
+from switchzoo.moe import SwitchFFN
+from tests.test_moe import oracle
+
+D, F, E = 16, 32, 8
+
+
+def pair(top_k=1, activation="relu", impl="blocks", block=4, group_size=16):
+    """The same weights twice: einsum with room for every token, and dropless."""
+    einsum = MoeConfig(num_experts=E, top_k=top_k, group_size=group_size, min_capacity=1,
+                       train_capacity_factor=float(E), eval_capacity_factor=float(E))
+    drop = dataclasses.replace(einsum, dispatch="dropless", grouped_matmul=impl, block_size=block)
+    return (SwitchFFN(D, F, einsum, nnx.Rngs(0), activation),
+            SwitchFFN(D, F, drop, nnx.Rngs(0), activation))
+
+
+def loss_and_grads(ffn, x, valid=None, layout=None):
+    graphdef, state = nnx.split(ffn)
+
+    @jax.jit
+    def f(state, x):
+        with L.use(layout):
+            y, stats = nnx.merge(graphdef, state)(x, valid_BL=valid)
+        return jnp.sum(jnp.sin(y)) + stats["aux_loss"], (y, stats)
+
+    (loss, (y, stats)), grads = jax.value_and_grad(f, has_aux=True)(state, x)
+    return y, stats, grads
+
+
+def assert_same(a, b):
+    ya, sa, ga = a
+    yb, sb, gb = b
+    np.testing.assert_allclose(ya, yb, rtol=1e-5, atol=1e-6)
+    for k in ("aux_loss", "z_loss", "dropped_fraction", "expert_load"):
+        np.testing.assert_allclose(sa[k], sb[k], rtol=1e-6, atol=1e-7)
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-6), ga, gb)
+
+
+@pytest.mark.parametrize("top_k, activation, impl", [
+    (1, "relu", "blocks"), (2, "relu", "blocks"), (2, "gated-gelu", "blocks"),
+    (1, "relu", "ragged_dot"), (2, "gated-gelu", "ragged_dot")])
+def test_equals_einsum_dispatch_when_nothing_drops(top_k, activation, impl):
+    einsum, drop = pair(top_k, activation, impl)
+    x = jax.random.normal(jax.random.key(1), (4, 8, D))
+    valid = jnp.ones((4, 8), bool).at[1, 5:].set(False)
+    assert_same(loss_and_grads(einsum, x, valid), loss_and_grads(drop, x, valid))
+
+
+def test_equals_the_per_token_oracle_where_einsum_would_drop():
+    einsum, drop = pair(top_k=2)
+    x = jax.random.normal(jax.random.key(2), (4, 8, D))
+    y, stats = drop(x)
+    want, kept = oracle(einsum, x)     # capacity E: the oracle keeps everything
+    assert kept.all()
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    # Low capacity drops tokens on the einsum path; dropless serves them all the same.
+    low = SwitchFFN(D, F, dataclasses.replace(drop.cfg, train_capacity_factor=0.25,
+                                              eval_capacity_factor=0.25), nnx.Rngs(0))
+    y_low, s_low = low(x)
+    np.testing.assert_allclose(y_low, want, rtol=1e-5, atol=1e-6)
+    assert float(s_low["dropped_fraction"]) == 0.0
+
+
+def test_block_matmul_and_its_gradients_equal_a_dense_reference():
+    rng = np.random.default_rng(0)
+    block, counts = 4, [3, 0, 9, 4]                     # an empty expert and a partial block
+    padded = [-(-c // block) * block for c in counts]
+    rows = np.zeros((sum(padded) + 2 * block, D), np.float32)   # two trailing empty blocks
+    expert_of_row = np.full(len(rows), -1)
+    at = 0
+    for e, (c, p) in enumerate(zip(counts, padded)):
+        rows[at:at + c] = rng.normal(size=(c, D))
+        expert_of_row[at:at + p] = e
+        at += p
+    w = jnp.asarray(rng.normal(size=(4, D, F)), jnp.float32)
+    block_e = jnp.asarray(np.maximum(expert_of_row[::block], 0), jnp.int32)
+    n_blocks = jnp.int32(sum(padded) // block)
+
+    def ours(x, w):
+        return block_matmul(x, w, block_e, n_blocks, block)
+
+    def dense(x, w):
+        out = jnp.einsum("rd,rdf->rf", x, w[np.maximum(expert_of_row, 0)])
+        return jnp.where((expert_of_row >= 0)[:, None], out, 0)
+
+    x = jnp.asarray(rows)
+    np.testing.assert_allclose(ours(x, w), dense(x, w), rtol=1e-5, atol=1e-5)
+    cot = jnp.asarray(rng.normal(size=(len(rows), F)), jnp.float32)
+    g1 = jax.vjp(ours, x, w)[1](cot)
+    g2 = jax.vjp(dense, x, w)[1](cot)
+    for a, b in zip(g1, g2):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("preset, mesh", [
+    ("expert_parallel", "expert:8"),               # tokens exchanged by all-to-all
+    ("dp_mp_ep", "data:2,model:2,expert:2"),       # + d_ff split: partial sums over 'model'
+    ("batch:data,experts:expert", "data:2,expert:4"),   # tokens replicated over 'expert'
+])
+def test_sharded_dropless_equals_one_device(preset, mesh):
+    einsum, drop = pair(top_k=2, group_size=8)
+    x = jax.random.normal(jax.random.key(3), (8, 8, D))
+    valid = jnp.ones((8, 8), bool).at[3, 6:].set(False)
+    lay = L.Layout.create(preset, mesh)
+    assert_same(loss_and_grads(einsum, x, valid), loss_and_grads(drop, x, valid, lay))
+
+
+def test_expert_parallel_dropless_moves_tokens_with_all_to_all():
+    _, drop = pair(group_size=8)
+    graphdef, state = nnx.split(drop)
+    lay = L.Layout.create("expert_parallel", "expert:8")
+
+    @jax.jit
+    def step(state, x):
+        def loss(state):
+            with L.use(lay):
+                return jnp.sum(nnx.merge(graphdef, state)(x)[0])
+        return jax.grad(loss)(state)
+
+    x = jax.device_put(jnp.ones((8, 8, D)), lay.sharding(("batch", "length", "d_model")))
+    counts = count_collectives(step.lower(state, x).compile().as_text())
+    # forward: tokens + expert ids out, outputs back; backward: the transposes of both moves
+    assert counts["all-to-all"] >= 4, counts
+    assert counts["all-gather"] == 0, counts
+
+
+def test_dropless_refuses_a_layout_it_cannot_run():
+    _, drop = pair()
+    lay = L.Layout.create("2d", "data:4,model:2")
+    with pytest.raises(L.LayoutError, match="d_model unsplit"):
+        with L.use(lay):
+            jax.jit(lambda x: drop(x)[0]).lower(jnp.ones((8, 8, D)))
