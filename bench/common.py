@@ -57,3 +57,65 @@ def emit(result: dict, out: str | None) -> None:
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text + "\n")
+
+
+class Step:
+    """The real jitted train step (switchzoo.training) of ``cfg`` on ``devices`` under a layout,
+    on a random batch (or ``host_batch``): compile time, best step time, cost and memory analysis."""
+
+    def __init__(self, cfg, mesh: str, layout: str, batch: int, length: int, devices=None,
+                 optimizer: str = "adamw", host_batch: dict | None = None):
+        import jax
+        import numpy as np
+
+        from switchzoo import layout as layout_lib
+        from switchzoo import training
+        self.cfg, self.batch, self.length = cfg, batch, length
+        devices = jax.devices() if devices is None else devices
+        self.layout = layout_lib.Layout.create(layout, layout_lib.make_mesh(mesh, devices))
+        tx = training.make_optimizer(optimizer)
+        graphdef, self.state, shardings = training.init_state(cfg, tx, self.layout)
+        step = training.make_train_step(graphdef, cfg, tx, self.layout, shardings)
+        rng = np.random.default_rng(0)
+        ids = lambda: rng.integers(2, cfg.vocab_size, (batch, length), dtype=np.int32)  # noqa
+        host = host_batch or {"inputs": ids(), "targets": ids(),
+                              "weights": np.ones((batch, length), np.float32)}
+        self.data = jax.device_put(host, training.batch_shardings(self.layout))
+        start = time.perf_counter()
+        self.compiled = step.lower(self.state, self.data).compile()
+        self.compile_s = time.perf_counter() - start
+
+    def run(self, n: int = 1):
+        import jax
+        for _ in range(n):
+            self.state, metrics = self.compiled(self.state, self.data)
+        jax.block_until_ready(self.state)
+        return metrics
+
+    def time(self, repeats: int = 5) -> float:
+        return best_of(self.run, repeats=repeats, warmup=1)
+
+    def tokens(self) -> int:
+        """Target tokens per step (an encoder-decoder also reads as many source tokens)."""
+        return self.batch * self.length
+
+    def cost_flops(self) -> float:
+        analysis = self.compiled.cost_analysis()
+        analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+        return float(analysis.get("flops", 0.0))
+
+    def memory(self) -> dict:
+        m = self.compiled.memory_analysis()
+        return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in
+                ("argument", "output", "alias", "temp")}
+
+
+def matmul_peak(n: int = 2048, dtype: str = "float32", repeats: int = 5) -> float:
+    """FLOP/s of one large square matmul on the default device (the machine's practical peak)."""
+    import jax
+    import jax.numpy as jnp
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+    f = jax.jit(jnp.matmul)
+    seconds = best_of(lambda: f(a, b).block_until_ready(), repeats=repeats, warmup=2)
+    return 2 * n ** 3 / seconds

@@ -35,6 +35,9 @@ def get_base() -> ml_collections.ConfigDict:
     c.moe.train_capacity_factor = config_dict.placeholder(float)
     c.moe.eval_capacity_factor = config_dict.placeholder(float)
     c.moe.group_size = config_dict.placeholder(int)
+    c.moe.dispatch = config_dict.placeholder(str)         # "einsum" | "dropless"
+    c.moe.grouped_matmul = config_dict.placeholder(str)   # dropless: auto | blocks | ragged_dot
+    c.moe.block_size = config_dict.placeholder(int)
     c.data = data.default_config()
     c.eval = ml_collections.ConfigDict()
     c.eval.num_beams = 4

@@ -1,0 +1,112 @@
+"""Train-step benchmarks, all in one run on 8 simulated devices (set here, before JAX loads):
+
+  * MoE overhead: Switch (8 experts, every other FFN sparse, capacity factor 1.25) step time
+    / the FLOP-matched dense model's, on 1 device and on 8 under expert parallelism, for the
+    einsum and the dropless dispatch. Goal <= 1.15.
+  * Against the machine: achieved FLOP/s of the dense and Switch steps (FLOPs from XLA's cost
+    analysis, checked against the hand count 3 x zoo.flops_per_token x tokens) / the FLOP/s of
+    one large float32 matmul measured in the same run. Goal >= 0.70.
+  * Compile scaling: compile seconds of the Switch step on 8 devices / on 1. Goal <= 1.5.
+
+    python bench/train_step.py [--d-model 512 --layers 4 --batch 8 --length 256] [--out F]
+"""
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import dataclasses  # noqa: E402
+
+from common import Step, emit, machine, matmul_peak, parser  # noqa: E402
+
+
+def configs(args):
+    from switchzoo.config import ModelConfig, MoeConfig
+    dense = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, num_heads=args.d_model // 64,
+                        d_kv=64, d_ff=4 * args.d_model, num_layers=args.layers)
+    moe = MoeConfig(num_experts=8, top_k=1, group_size=args.group_size,
+                    train_capacity_factor=1.25, sparse_every=2, jitter=0.0)
+    return dense, dataclasses.replace(dense, moe=moe)
+
+
+def main():
+    p = parser(__doc__)
+    p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--length", type=int, default=256)
+    p.add_argument("--group-size", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+
+    import jax
+
+    from switchzoo import zoo
+    dense, switch = configs(args)
+    dropless = dataclasses.replace(switch, moe=dataclasses.replace(switch.moe,
+                                                                   dispatch="dropless"))
+    one = jax.devices()[:1]
+    cases = {   # name: (config, mesh, layout, devices)
+        "dense_1": (dense, "data:1", "data_parallel", one),
+        "switch_einsum_1": (switch, "data:1", "data_parallel", one),
+        "switch_dropless_1": (dropless, "data:1", "data_parallel", one),
+        "dense_8": (dense, "expert:8", "expert_parallel", None),
+        "switch_einsum_8": (switch, "expert:8", "expert_parallel", None),
+        "switch_dropless_8": (dropless, "expert:8", "expert_parallel", None),
+    }
+    peak = matmul_peak(2048)
+    results = {}
+    for name, (cfg, mesh, layout, devices) in cases.items():
+        step = Step(cfg, mesh, layout, args.batch, args.length, devices)
+        seconds = step.time(args.repeats)
+        hand = 3 * zoo.flops_per_token(cfg, seq_len=args.length) * step.tokens()
+        results[name] = {
+            "mesh": mesh, "layout": layout, "compile_s": round(step.compile_s, 2),
+            "step_s": round(seconds, 4), "tokens_per_s": round(step.tokens() / seconds, 1),
+            "flops_cost_analysis": step.cost_flops(), "flops_hand": hand,
+            "achieved_flops_per_s": round(hand / seconds / 1e9, 2) * 1e9,
+        }
+        print(f"{name}: {results[name]['step_s']} s/step, compile {results[name]['compile_s']} s",
+              flush=True)
+        del step
+    peak_end = matmul_peak(2048)     # the machine is shared: measure the peak on both sides
+    peak = max(peak, peak_end)
+
+    def ratio(a, b, key="step_s"):
+        return round(results[a][key] / results[b][key], 3)
+
+    goals = {
+        "moe_overhead_1_device_einsum": (ratio("switch_einsum_1", "dense_1"), "<=", 1.15),
+        "moe_overhead_1_device_dropless": (ratio("switch_dropless_1", "dense_1"), "<=", 1.15),
+        "moe_overhead_8_devices_einsum": (ratio("switch_einsum_8", "dense_8"), "<=", 1.15),
+        "moe_overhead_8_devices_dropless": (ratio("switch_dropless_8", "dense_8"), "<=", 1.15),
+        "flops_fraction_of_peak_dense_1": (
+            round(results["dense_1"]["achieved_flops_per_s"] / peak, 3), ">=", 0.70),
+        "flops_fraction_of_peak_switch_1": (
+            round(results["switch_einsum_1"]["achieved_flops_per_s"] / peak, 3), ">=", 0.70),
+        "compile_8_over_1_devices_einsum": (
+            ratio("switch_einsum_8", "switch_einsum_1", "compile_s"), "<=", 1.5),
+        "compile_8_over_1_devices_dropless": (
+            ratio("switch_dropless_8", "switch_dropless_1", "compile_s"), "<=", 1.5),
+    }
+    emit({
+        "bench": "train_step", "machine": machine(),
+        "config": {"d_model": args.d_model, "d_ff": 4 * args.d_model, "layers": args.layers,
+                   "heads": args.d_model // 64, "vocab": args.vocab, "batch": args.batch,
+                   "length": args.length, "experts": 8, "sparse_every": 2,
+                   "capacity_factor": 1.25, "group_size": args.group_size,
+                   "optimizer": "adamw", "dtype": "float32", "decoder_only": True},
+        "matmul_peak_flops_per_s": peak,
+        "hand_over_cost_analysis_flops": {k: round(v["flops_hand"] / v["flops_cost_analysis"], 3)
+                                          for k, v in results.items()
+                                          if v["flops_cost_analysis"]},
+        "cases": results,
+        "goals": {k: {"value": v, "goal": f"{op} {g}",
+                      "met": v <= g if op == "<=" else v >= g} for k, (v, op, g) in goals.items()},
+    }, args.out)
+
+
+if __name__ == "__main__":
+    main()
