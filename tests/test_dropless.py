@@ -142,3 +142,21 @@ def test_dropless_refuses_a_layout_it_cannot_run():
     with pytest.raises(L.LayoutError, match="d_model unsplit"):
         with L.use(lay):
             jax.jit(lambda x: drop(x)[0]).lower(jnp.ones((8, 8, D)))
+
+
+def test_generation_and_run_config_select_dropless():
+    import switchzoo
+    from configs import demo
+    from switchzoo import trainer, zoo
+    base = zoo.get("switch_tiny")
+    roomy = base.replace(moe=dataclasses.replace(base.moe, eval_capacity_factor=float(8),
+                                                 min_capacity=1))
+    drop = roomy.replace(moe=dataclasses.replace(roomy.moe, dispatch="dropless"))
+    prompt = np.random.default_rng(0).integers(2, base.vocab_size, (8, 4))
+    # expert_parallel on 8 devices: the layer runs under shard_map while decoding too
+    ids = [switchzoo.init(c, mesh="expert:8", layout="expert_parallel").generate(
+        prompt, max_new_tokens=5) for c in (roomy, drop)]
+    np.testing.assert_array_equal(ids[0], ids[1])
+    config = demo.get_config()
+    config.moe.dispatch = "dropless"
+    assert trainer.model_config(config, 4000).moe.dispatch == "dropless"
