@@ -29,9 +29,10 @@ class MoeConfig:
     sparse_layers: tuple[int, ...] | None = None           # decoder (or decoder-only) stack
     encoder_sparse_layers: tuple[int, ...] | None = None   # encoder stack
     # How tokens reach their experts: "einsum" (one-hot dispatch/combine into capacity slots,
-    # tokens past capacity dropped) or "dropless" (sorted by expert, grouped matmul, nothing
-    # dropped; capacity factors unused). See switchzoo/dropless.py.
-    dispatch: str = "einsum"
+    # tokens past capacity dropped), "dropless" (sorted by expert, grouped matmul, nothing
+    # dropped; capacity factors unused; switchzoo/dropless.py), or "auto": einsum, except
+    # dropless where the capacity holds every token of a group (the same sum, less work).
+    dispatch: str = "auto"
     grouped_matmul: str = "auto"         # dropless: "auto" | "blocks" | "ragged_dot"
     block_size: int = 128                # dropless "blocks": rows per block
 
@@ -42,9 +43,9 @@ class MoeConfig:
         if min(self.train_capacity_factor, self.eval_capacity_factor) <= 0:
             raise ValueError("moe capacity factors must be positive (e.g. 1.25 for training, "
                              "2.0 for evaluation)")
-        if self.dispatch not in ("einsum", "dropless"):
-            raise ValueError(f"moe.dispatch={self.dispatch!r}: use 'einsum' (capacity slots) "
-                             "or 'dropless' (sorted, grouped matmul)")
+        if self.dispatch not in ("auto", "einsum", "dropless"):
+            raise ValueError(f"moe.dispatch={self.dispatch!r}: use 'einsum' (capacity slots), "
+                             "'dropless' (sorted, grouped matmul) or 'auto'")
         if self.grouped_matmul not in ("auto", "blocks", "ragged_dot") or self.block_size < 1:
             raise ValueError(f"moe.grouped_matmul={self.grouped_matmul!r} / block_size="
                              f"{self.block_size}: use 'auto', 'blocks' or 'ragged_dot' and a "

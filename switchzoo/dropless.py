@@ -213,6 +213,41 @@ def _axes(entry) -> tuple:
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+def plan(layout: Layout, x_shape, w_shapes: dict):
+    """How the layer splits over ``layout``'s mesh: (expert axes, d_ff axes, whether tokens
+    are exchanged, the tokens' spec, the weights' specs); a LayoutError if it cannot run."""
+    specs = {k: layout.spec(("experts", "d_ff", "d_model") if k == "wo" else
+                            ("experts", "d_model", "d_ff"), shape, f"experts/{k}")
+             for k, shape in w_shapes.items()}
+    wi_spec = tuple(specs["wi" if "wi" in specs else "wi_0"]) + (None,) * 3
+    expert_axes, d_axes, ff_axes = (_axes(e) for e in wi_spec[:3])
+    if d_axes:
+        raise LayoutError(f"moe.dispatch='dropless' needs d_model unsplit in the experts, but "
+                          f"layout {layout.text!r} splits it over {d_axes}; use the einsum "
+                          "dispatch with this layout, or drop d_model from it")
+    x_spec = layout.spec(("batch", "length", "d_model"), x_shape, strict=False)
+    batch_axes = _axes(tuple(x_spec)[0] if len(x_spec) else None)
+    shared = tuple(a for a in batch_axes if a in expert_axes)
+    if shared and set(shared) != set(expert_axes):
+        raise LayoutError(f"moe.dispatch='dropless': layout {layout.text!r} splits the batch "
+                          f"over some of the experts' axes {expert_axes} but not all; split it "
+                          "over all of them (expert parallelism) or none")
+    if shared and shared != expert_axes:
+        raise LayoutError(f"moe.dispatch='dropless': list the expert axes {expert_axes} in the "
+                          f"same order for batch and experts in layout {layout.text!r}")
+    return expert_axes, ff_axes, bool(shared), x_spec, specs
+
+
+def supports(layout: Layout | None, x_shape, w_shapes: dict) -> bool:
+    if layout is None or layout.mesh.size == 1:
+        return True
+    try:
+        plan(layout, x_shape, w_shapes)
+    except LayoutError:
+        return False
+    return True
+
+
 def layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, num_experts: int,
           layout: Layout | None, impl: str = "auto", block: int = 128, rate: float = 0.0,
           rng=None):
@@ -224,27 +259,10 @@ def layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, num_experts: int,
         return _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w, rng, expert_axes=(),
                       ff_axes=(), exchange=False, **kw)
     names = [k for k in ("wi", "wo", "wi_0", "wi_1") if getattr(w, k) is not None]
-    specs = {k: layout.spec(("experts", "d_ff", "d_model") if k == "wo" else
-                            ("experts", "d_model", "d_ff"), getattr(w, k).shape, f"experts/{k}")
-             for k in names}
-    wi_spec = tuple(specs[names[0]]) + (None,) * 3
-    expert_axes, d_axes, ff_axes = (_axes(e) for e in wi_spec[:3])
-    if d_axes:
-        raise LayoutError(f"moe.dispatch='dropless' needs d_model unsplit in the experts, but "
-                          f"layout {layout.text!r} splits it over {d_axes}; use the einsum "
-                          "dispatch with this layout, or drop d_model from it")
-    x_spec = layout.spec(("batch", "length", "d_model"), x_BLD.shape, strict=False)
-    batch_axes = _axes(tuple(x_spec)[0] if len(x_spec) else None)
-    shared = tuple(a for a in batch_axes if a in expert_axes)
-    if shared and set(shared) != set(expert_axes):
-        raise LayoutError(f"moe.dispatch='dropless': layout {layout.text!r} splits the batch "
-                          f"over some of the experts' axes {expert_axes} but not all; split it "
-                          "over all of them (expert parallelism) or none")
-    if shared and shared != expert_axes:
-        raise LayoutError(f"moe.dispatch='dropless': list the expert axes {expert_axes} in the "
-                          f"same order for batch and experts in layout {layout.text!r}")
+    expert_axes, ff_axes, exchange, x_spec, specs = plan(
+        layout, x_BLD.shape, {k: getattr(w, k).shape for k in names})
     body = functools.partial(_layer, expert_axes=expert_axes, ff_axes=ff_axes,
-                             exchange=bool(shared), **kw)
+                             exchange=exchange, **kw)
 
     def per_device(x, idx, gates, valid, rng, *ws):
         return body(x, idx, gates, valid, Weights(**dict(zip(names, ws))), rng)

@@ -1,11 +1,19 @@
-"""The layout inspector: where every tensor lives, what it costs per device, and which
-collectives the compiled train step runs. ``python -m switchzoo.layout --help``."""
+"""The layout inspector: where every tensor lives, what it costs per device, which
+collectives the compiled train step runs and how much memory it needs per device.
+``python -m switchzoo.layout --help``.
+
+Nothing is allocated: the state is abstract (shapes only), so ``--devices N`` can stand in
+for a whole pod on one host (N simulated CPU devices) and compile its real train step.
+"""
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
+import os
 import re
+import subprocess
 import sys
 import time
 
@@ -13,6 +21,7 @@ import jax
 import numpy as np
 
 from switchzoo import layout as layout_lib
+from switchzoo import moe as moe_lib
 from switchzoo import training, zoo
 
 COLLECTIVES = ("all-to-all", "all-reduce", "all-gather", "reduce-scatter", "collective-permute")
@@ -36,10 +45,45 @@ def _bytes_per_device(tree, shardings) -> int:
     return int(sum(jax.tree.leaves(sizes)))
 
 
+def memory_stats(compiled) -> dict[str, int]:
+    """Per-device bytes of a compiled step (``compiled.memory_analysis()``).
+
+    ``argument_bytes``: the inputs (state and batch shard); ``output_bytes``: the outputs;
+    ``alias_bytes``: outputs that reuse a donated input's buffer (the new state); ``temp_bytes``:
+    the temporaries (activations, gradients, ...) after XLA's buffer reuse;
+    ``generated_code_bytes``: the executable. ``peak_estimate_bytes`` = argument + output - alias
+    + temp: everything that can be live at once, counting aliased outputs once. It is an upper
+    bound of the buffers (it assumes every temporary is live while all inputs and outputs are)
+    and leaves out the executable and the runtime's own memory. The numbers are those of the
+    backend that compiled the step: on simulated CPU devices they show the sharding's effect
+    (what each device holds) but fusion and layouts, hence temporaries, differ on TPU/GPU.
+    """
+    m = compiled.memory_analysis()
+    if m is None:                     # a backend without the analysis
+        return {}
+    out = {"argument_bytes": int(m.argument_size_in_bytes),
+           "output_bytes": int(m.output_size_in_bytes),
+           "alias_bytes": int(m.alias_size_in_bytes),
+           "temp_bytes": int(m.temp_size_in_bytes),
+           "generated_code_bytes": int(m.generated_code_size_in_bytes)}
+    out["peak_estimate_bytes"] = (out["argument_bytes"] + out["output_bytes"]
+                                  - out["alias_bytes"] + out["temp_bytes"])
+    return out
+
+
 def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
-            batch_size: int | None = None, length: int = 64, compile_step: bool = True) -> dict:
-    """The inspector's report (the --json object). Nothing is allocated: shapes are abstract."""
+            batch_size: int | None = None, length: int = 64, compile_step: bool = True,
+            group_size: int | None = None) -> dict:
+    """The inspector's report (the --json object). Nothing is allocated: shapes are abstract.
+
+    ``batch_size`` is the global batch in sequences (default: two per device), ``length`` the
+    length of the inputs and of the targets; ``group_size`` overrides the catalogue's routing
+    group (tokens routed together)."""
     cfg = zoo.get(model)
+    if group_size is not None:
+        if cfg.moe is None:
+            raise ValueError(f"--group-size: {model} has no Switch layers to route")
+        cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, group_size=group_size))
     mesh_obj = layout_lib.make_mesh(mesh)
     lay = layout_lib.Layout.create(layout, mesh_obj)
     tx = training.make_optimizer(optimizer)
@@ -60,6 +104,7 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         "mesh": {k: int(v) for k, v in mesh_obj.shape.items()},
         "layout": lay.text,
         "model": model,
+        "optimizer": optimizer,
         "params_bytes_total": int(sum(layout_lib.nbytes(x.shape, x.dtype)
                                       for x in jax.tree.leaves(abstract.params))),
         "params_bytes_per_device_max": _bytes_per_device(abstract.params, shardings.params),
@@ -72,9 +117,18 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         batch = {k: jax.ShapeDtypeStruct((batch_size, length), dt) for k, dt in
                  (("inputs", np.int32), ("targets", np.int32), ("weights", np.float32))}
         start = time.perf_counter()
-        compiled = step.lower(abstract, batch).compile()
+        lowered = step.lower(abstract, batch)
+        lowered_at = time.perf_counter()
+        compiled = lowered.compile()
+        report["batch"], report["length"] = batch_size, length
+        if cfg.moe is not None:
+            report["group_size"] = cfg.moe.group_size
+            report["routing_groups"] = moe_lib.num_groups(batch_size, length, cfg.moe.group_size)
+        # compile_seconds: tracing, lowering and compiling (lower_seconds: the first two).
         report["compile_seconds"] = round(time.perf_counter() - start, 2)
+        report["lower_seconds"] = round(lowered_at - start, 2)
         report["collectives"] = count_collectives(compiled.as_text())
+        report["memory"] = memory_stats(compiled)
     return report
 
 
@@ -98,9 +152,23 @@ def format_table(report: dict) -> str:
                   f"({per / total:.3f} of the total)",
               f"optimizer state: {report['opt_bytes_per_device_max']:,} bytes per device"]
     if "collectives" in report:
-        lines.append(f"train step collectives (compiled in {report['compile_seconds']} s): " +
+        groups = (f", {report['routing_groups']} routing groups of {report['group_size']}"
+                  if "routing_groups" in report else "")
+        lines.append(f"train step collectives (batch {report['batch']} x {report['length']}"
+                     f"{groups}, compiled in {report['compile_seconds']} s): " +
                      ", ".join(f"{k} {v}" for k, v in report["collectives"].items()))
+    if report.get("memory"):
+        m = report["memory"]
+        lines.append(f"train step memory per device: arguments {m['argument_bytes']:,}, outputs "
+                     f"{m['output_bytes']:,} ({m['alias_bytes']:,} aliased to donated "
+                     f"arguments), temporaries {m['temp_bytes']:,} bytes; peak estimate "
+                     f"{m['peak_estimate_bytes']:,} bytes ({_gib(m['peak_estimate_bytes'])}; "
+                     "arguments + outputs - aliased + temporaries)")
     return "\n".join(lines)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2 ** 30:.2f} GiB"
 
 
 def block_owners(sharding, shape) -> dict[tuple, list[int]]:
@@ -158,21 +226,35 @@ def main(argv=None) -> int:
     parser.add_argument("--mesh", default="", help="e.g. data:2,model:2,expert:2 "
                                                    "(default: the preset's mesh)")
     parser.add_argument("--layout", default="dp_mp_ep", help="preset name or layout string")
-    parser.add_argument("--optimizer", default="adamw")
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--no-compile", action="store_true", help="skip the collective count")
+    parser.add_argument("--optimizer", default="adamw", help="adamw or adafactor")
+    parser.add_argument("--batch", "--batch-size", dest="batch_size", type=int, default=None,
+                        help="global batch in sequences (default: 2 per device)")
+    parser.add_argument("--length", type=int, default=64,
+                        help="sequence length of the inputs and of the targets")
+    parser.add_argument("--group-size", type=int, default=None,
+                        help="tokens per routing group (default: the catalogue's)")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="run on N simulated CPU devices (a pod-sized dry run on one host)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip compiling the train step (no collectives, no memory analysis)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--figure", help="write a PNG of one tensor's blocks (needs --tensor)")
     parser.add_argument("--tensor", help="parameter name as in the table, e.g. decoder/layers/1/ffn/wi")
     parser.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     args = parser.parse_args(argv)
+    if args.devices is not None:
+        if args.devices < 1:
+            print(f"error: --devices {args.devices}: give a positive number of devices",
+                  file=sys.stderr)
+            return 2
+        if not _use_cpu_devices(args.devices):
+            return _rerun_with_devices(sys.argv[1:] if argv is None else list(argv), args.devices)
     try:
         if bool(args.figure) != bool(args.tensor):
             raise ValueError("--figure and --tensor go together: --figure out.png --tensor NAME")
         mesh = args.mesh or _preset_mesh(args.layout)
         report = inspect(args.model, mesh, args.layout, args.optimizer, args.batch_size,
-                         args.length, not args.no_compile)
+                         args.length, not args.no_compile, args.group_size)
         if args.figure:
             _figure(report, args)
     except (ValueError, KeyError) as e:
@@ -182,6 +264,34 @@ def main(argv=None) -> int:
         return 2
     print(json.dumps(report) if args.json else format_table(report))
     return 0
+
+
+def _use_cpu_devices(n: int) -> bool:
+    """Makes JAX run on ``n`` simulated CPU devices; False if that is too late in this process.
+
+    Importing jax does not start a backend: it starts on first use (``jax.devices()``, the first
+    array), and ``jax_num_cpu_devices`` can be set until then. Once a backend is running (as in
+    a test session or a notebook) it cannot change; True if it already has ``n`` devices."""
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:              # "should be updated before backends are initialized"
+        return jax.device_count() == n
+    jax.config.update("jax_platforms", "cpu")
+    return True
+
+
+def _rerun_with_devices(argv: list[str], n: int) -> int:
+    """Runs this command again in a fresh process that starts JAX on ``n`` CPU devices."""
+    if os.environ.get("_SWITCHZOO_DEVICES_RERUN") == str(n):
+        print(f"error: --devices {n}: JAX did not start with {n} devices "
+              f"(it has {jax.device_count()})", file=sys.stderr)
+        return 2
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
+                   os.environ.get("XLA_FLAGS", ""))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", _SWITCHZOO_DEVICES_RERUN=str(n),
+               XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip())
+    sys.stdout.flush()
+    return subprocess.run([sys.executable, "-m", "switchzoo.layout", *argv], env=env).returncode
 
 
 def _preset_mesh(layout: str) -> str:

@@ -55,7 +55,8 @@ class SwitchFFN(nnx.Module):
         B, L, D = x_BLD.shape
         G = num_groups(B, L, cfg.group_size)
         N = B * L // G
-        C = cfg.capacity(N, train)
+        # An expert gets at most N of a group's assignments (a token's picks are distinct).
+        C = min(cfg.capacity(N, train), N)
         jitter_rng, drop_rng = split(rng, 2)
 
         x_GND = constrain(x_BLD.reshape(G, N, D), ("groups", "group_size", "d_model"))
@@ -63,7 +64,10 @@ class SwitchFFN(nnx.Module):
         logits_GNE = constrain(self.router(x_GND, cfg.jitter, jitter_rng),
                                ("groups", "group_size", "experts"))
         valid_GN = None if valid_BL is None else valid_BL.reshape(G, N)
-        if cfg.dispatch == "dropless":
+        if cfg.dispatch == "dropless" or (cfg.dispatch == "auto" and C == N and
+                                          self._dropless_runs(x_BLD.shape)):
+            # With room for every token (decoding: groups of one token), the einsum dispatch
+            # would run every expert on every token; dropless computes the same sum, E x less.
             return self._dropless(x_BLD, logits_GNE, valid_GN, drop_rng)
         r = route(logits_GNE, cfg.top_k, C, cfg.normalize_top_k, valid_GN)
         # Pin the routing masks to the tokens' devices, so the partitioner moves tokens (one
@@ -92,6 +96,13 @@ class SwitchFFN(nnx.Module):
         stats = {"aux_loss": r.aux_loss, "z_loss": r.z_loss, **r.metrics}
         return y_GND.reshape(B, L, D), stats
 
+    def _weight_names(self):
+        return ("wi_0", "wi_1", "wo") if self.gated else ("wi", "wo")
+
+    def _dropless_runs(self, x_shape) -> bool:
+        return dropless.supports(active(), x_shape,
+                                 {k: getattr(self, k).shape for k in self._weight_names()})
+
     def _dropless(self, x_BLD, logits_GNE, valid_GN, drop_rng):
         """Every pick served: sort by expert, grouped matmul (switchzoo/dropless.py)."""
         cfg = self.cfg
@@ -99,8 +110,7 @@ class SwitchFFN(nnx.Module):
         c = choose(logits_GNE, cfg.top_k, cfg.normalize_top_k, valid_GN)
         valid_BL = (jnp.ones((B, L), bool) if valid_GN is None
                     else valid_GN.reshape(B, L).astype(bool))
-        weights = dropless.Weights(**{k: getattr(self, k)[...] for k in
-                                      (("wi_0", "wi_1", "wo") if self.gated else ("wi", "wo"))})
+        weights = dropless.Weights(**{k: getattr(self, k)[...] for k in self._weight_names()})
         y_BLD = dropless.layer(x_BLD, c.index_GNP.reshape(B, L, -1),
                                c.gates_GNP.reshape(B, L, -1), valid_BL, weights,
                                cfg.num_experts, active(), cfg.grouped_matmul, cfg.block_size,

@@ -20,6 +20,7 @@ D, F, E = 16, 32, 8
 def pair(top_k=1, activation="relu", impl="blocks", block=4, group_size=16):
     """The same weights twice: einsum with room for every token, and dropless."""
     einsum = MoeConfig(num_experts=E, top_k=top_k, group_size=group_size, min_capacity=1,
+                       dispatch="einsum",
                        train_capacity_factor=float(E), eval_capacity_factor=float(E))
     drop = dataclasses.replace(einsum, dispatch="dropless", grouped_matmul=impl, block_size=block)
     return (SwitchFFN(D, F, einsum, nnx.Rngs(0), activation),
@@ -150,7 +151,7 @@ def test_generation_and_run_config_select_dropless():
     from switchzoo import trainer, zoo
     base = zoo.get("switch_tiny")
     roomy = base.replace(moe=dataclasses.replace(base.moe, eval_capacity_factor=float(8),
-                                                 min_capacity=1))
+                                                 min_capacity=1, dispatch="einsum"))
     drop = roomy.replace(moe=dataclasses.replace(roomy.moe, dispatch="dropless"))
     prompt = np.random.default_rng(0).integers(2, base.vocab_size, (8, 4))
     # expert_parallel on 8 devices: the layer runs under shard_map while decoding too
@@ -160,3 +161,21 @@ def test_generation_and_run_config_select_dropless():
     config = demo.get_config()
     config.moe.dispatch = "dropless"
     assert trainer.model_config(config, 4000).moe.dispatch == "dropless"
+
+
+def test_auto_dispatch_is_dropless_only_where_nothing_can_drop():
+    einsum, _ = pair(group_size=8)
+    x = jax.random.normal(jax.random.key(4), (4, 8, D))
+
+    def hlo(ffn):
+        graphdef, state = nnx.split(ffn)
+        return jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[0]).lower(state, x).as_text()
+
+    roomy = SwitchFFN(D, F, dataclasses.replace(einsum.cfg, dispatch="auto"), nnx.Rngs(0))
+    tight = SwitchFFN(D, F, dataclasses.replace(roomy.cfg, eval_capacity_factor=1.0),
+                      nnx.Rngs(0))
+    assert "while" in hlo(roomy) and "while" not in hlo(einsum) and "while" not in hlo(tight)
+    np.testing.assert_allclose(roomy(x)[0], einsum(x)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        tight(x)[0], SwitchFFN(D, F, dataclasses.replace(tight.cfg, dispatch="einsum"),
+                               nnx.Rngs(0))(x)[0], rtol=1e-6)
