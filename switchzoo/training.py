@@ -129,11 +129,15 @@ def init_state(cfg: ModelConfig, tx, layout: layout_lib.Layout, seed: int = 0, s
 def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: float = 0.0):
     """Cross-entropy (with optional label smoothing) + weighted aux and z losses."""
     targets_BL, weights_BL = batch["targets"], batch["weights"].astype(jnp.float32)
-    V = logits_BLV.shape[-1]
-    onehot_BLV = jax.nn.one_hot(targets_BL, V, dtype=jnp.float32)
+    # -sum(smoothed one-hot * log_softmax) without building the one-hot [B, L, V]: the
+    # smoothed target puts 1 - s on the label and s / V everywhere.
+    logits_BLV = logits_BLV.astype(jnp.float32)
+    lse_BL = jax.nn.logsumexp(logits_BLV, axis=-1)
+    label_BL = jnp.take_along_axis(logits_BLV, targets_BL[..., None], axis=-1)[..., 0]
+    ce_BL = lse_BL - label_BL
     if label_smoothing:
-        onehot_BLV = onehot_BLV * (1 - label_smoothing) + label_smoothing / V
-    ce_BL = -jnp.sum(onehot_BLV * jax.nn.log_softmax(logits_BLV, axis=-1), axis=-1)
+        ce_BL = lse_BL - (1 - label_smoothing) * label_BL - label_smoothing * jnp.mean(
+            logits_BLV, axis=-1)
     tokens = jnp.maximum(jnp.sum(weights_BL), 1.0)
     ce = jnp.sum(ce_BL * weights_BL) / tokens
     loss = ce

@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from configs import demo
@@ -60,3 +61,20 @@ def test_every_run_config_loads_opens_with_its_command_and_refuses_unknown_varia
     assert config.num_train_steps == 7 and config.model and config.task in ("translation", "lm")
     with pytest.raises(ValueError, match="not key=value with a known key"):
         module.get_config("stpes=7")
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_equals_the_smoothed_one_hot_formula(smoothing):
+    import jax
+    import jax.numpy as jnp
+
+    from switchzoo.config import ModelConfig
+    from switchzoo.training import lm_objective
+    cfg = ModelConfig(vocab_size=50, d_model=8, num_heads=1, d_kv=8, d_ff=8, num_layers=1)
+    logits = jax.random.normal(jax.random.key(0), (2, 3, 50)) * 3
+    targets = jax.random.randint(jax.random.key(1), (2, 3), 0, 50)
+    weights = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    target = jax.nn.one_hot(targets, 50) * (1 - smoothing) + smoothing / 50
+    want = jnp.sum(-jnp.sum(target * jax.nn.log_softmax(logits), -1) * weights) / 5
+    got = lm_objective(logits, {"targets": targets, "weights": weights}, {}, cfg, smoothing)[0]
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
