@@ -110,22 +110,23 @@ class Attention(nnx.Module):
         return self.attend(x_BTD, *self.project_kv(kv_BSD), bias_BHTS, mask_BTS, rate, rng)
 
     def project_kv(self, kv_BSD):
-        """Keys and values [B, S, H, K] (what a decoding cache stores)."""
+        """Keys and values [B, H, S, K] (what a decoding cache stores): heads-major, the layout
+        the attention matmuls batch over, so a cached step reads them without a transpose."""
         dt = kv_BSD.dtype
-        k_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.k[...].astype(dt))
-        v_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.v[...].astype(dt))
-        return (constrain(k_BSHK, ("batch", "length", "heads", "d_kv")),
-                constrain(v_BSHK, ("batch", "length", "heads", "d_kv")))
+        k_BHSK = jnp.einsum("BSD,DHK->BHSK", kv_BSD, self.k[...].astype(dt))
+        v_BHSK = jnp.einsum("BSD,DHK->BHSK", kv_BSD, self.v[...].astype(dt))
+        return (constrain(k_BHSK, ("batch", "heads", "length", "d_kv")),
+                constrain(v_BHSK, ("batch", "heads", "length", "d_kv")))
 
-    def attend(self, x_BTD, k_BSHK, v_BSHK, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None):
+    def attend(self, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None):
         dt = x_BTD.dtype
-        q_BTHK = jnp.einsum("BTD,DHK->BTHK", x_BTD, self.q[...].astype(dt))
-        q_BTHK = constrain(q_BTHK, ("batch", "length", "heads", "d_kv"))
-        s_BHTS = jnp.einsum("BTHK,BSHK->BHTS", q_BTHK, k_BSHK).astype(jnp.float32)
+        q_BHTK = jnp.einsum("BTD,DHK->BHTK", x_BTD, self.q[...].astype(dt))
+        q_BHTK = constrain(q_BHTK, ("batch", "heads", "length", "d_kv"))
+        s_BHTS = jnp.einsum("BHTK,BHSK->BHTS", q_BHTK, k_BHSK).astype(jnp.float32)
         s_BHTS = s_BHTS + bias_BHTS + jnp.where(mask_BTS[:, None], 0.0, NEG_INF)
         p_BHTS = dropout(jax.nn.softmax(s_BHTS, axis=-1).astype(dt), rate, rng)
-        out_BTHK = jnp.einsum("BHTS,BSHK->BTHK", p_BHTS, v_BSHK)
-        out_BTD = jnp.einsum("BTHK,HKD->BTD", out_BTHK, self.o[...].astype(dt))
+        out_BHTK = jnp.einsum("BHTS,BHSK->BHTK", p_BHTS, v_BHSK)
+        out_BTD = jnp.einsum("BHTK,HKD->BTD", out_BHTK, self.o[...].astype(dt))
         return constrain(out_BTD, ("batch", "length", "d_model"))
 
 

@@ -2,7 +2,7 @@
 decoder-only LM. Pre-norm RMSNorm, relative-position bias shared by the layers of a stack, no
 biases; which FFNs are Switch layers is decided per stack by ``MoeConfig.is_sparse``.
 
-Decoding runs the same code with a cache: per layer the self-attention keys/values [B, Tmax, H, K]
+Decoding runs the same code with a cache: per layer the self-attention keys/values [B, H, Tmax, K]
 written at ``index`` (and the cross-attention keys/values of the encoder output), plus which
 cached positions hold tokens (``valid``)."""
 from __future__ import annotations
@@ -41,12 +41,12 @@ class Block(nnx.Module):
         written at ``index`` and attention runs over the whole cache."""
         r_attn, r1, r_cross, r2, r_ffn, r3 = split(rng, 6)
         h_BTD = self.attn_norm(x_BTD)
-        k_BSHK, v_BSHK = self.attn.project_kv(h_BTD)
+        k_BHSK, v_BHSK = self.attn.project_kv(h_BTD)
         if cache is not None:
-            k_BSHK = jax.lax.dynamic_update_slice(cache["k"], k_BSHK, (0, index, 0, 0))
-            v_BSHK = jax.lax.dynamic_update_slice(cache["v"], v_BSHK, (0, index, 0, 0))
-            cache = {**cache, "k": k_BSHK, "v": v_BSHK}
-        h_BTD = self.attn.attend(h_BTD, k_BSHK, v_BSHK, bias_BHTS, mask_BTS, self.rate, r_attn)
+            k_BHSK = jax.lax.dynamic_update_slice(cache["k"], k_BHSK, (0, 0, index, 0))
+            v_BHSK = jax.lax.dynamic_update_slice(cache["v"], v_BHSK, (0, 0, index, 0))
+            cache = {**cache, "k": k_BHSK, "v": v_BHSK}
+        h_BTD = self.attn.attend(h_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS, self.rate, r_attn)
         x_BTD = x_BTD + dropout(h_BTD, self.rate, r1)
         if self.has_cross:
             kv = ((cache["cross_k"], cache["cross_v"]) if cache is not None
@@ -108,7 +108,7 @@ class Stack(nnx.Module):
 
     def init_cache(self, batch: int, max_length: int, enc_BSD=None, dtype=jnp.float32) -> dict:
         """An empty decoding cache (with the cross-attention keys/values of ``enc_BSD``)."""
-        shape = (batch, max_length, self.cfg.num_heads, self.cfg.d_kv)
+        shape = (batch, self.cfg.num_heads, max_length, self.cfg.d_kv)
         layers = []
         for layer in self.layers:
             c = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
