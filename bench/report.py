@@ -19,6 +19,10 @@ def _gb(n) -> str:
     return f"{n / 2 ** 20:,.1f} MiB"
 
 
+def _gib(n) -> str:
+    return f"{n / 2 ** 30:,.2f} GiB"
+
+
 def goals_table(results: dict) -> list[str]:
     lines = ["| benchmark | goal | measured | met |", "|---|---|---|---|"]
     for bench, r in results.items():
@@ -109,6 +113,54 @@ def decode_section(r: dict) -> list[str]:
     return lines + [""]
 
 
+def peer_section(r: dict, figures: Path) -> list[str]:
+    c, ours, theirs = r["config"], r["switchzoo"], r["transformers"]
+    lines = ["### Against transformers (`bench/peer.py`)", "",
+             f"The same weights (a `SwitchTransformersConfig`: d_model {c['d_model']}, d_ff "
+             f"{c['d_ff']}, {c['encoder_layers']}+{c['decoder_layers']} layers, "
+             f"{c['num_experts']} experts in every other FFN, capacity {c['expert_capacity']} "
+             f"per sequence, vocab {c['vocab_size']}), batch {c['batch']} x {c['length']}, "
+             f"{c['threads']} threads on both sides ({theirs.get('transformers', '')} / torch "
+             f"{theirs.get('torch', '')}); max logit difference "
+             f"{r['correctness']['max_abs_logit_diff']:.1e}, greedy tokens equal: "
+             f"{r['correctness']['greedy_tokens_equal']}.", "",
+             "| | switchzoo | transformers | ratio |", "|---|---|---|---|",
+             f"| train tokens/s (AdamW step) | {ours['train_tokens_per_s']:,.0f} | "
+             f"{theirs['train_tokens_per_s']:,.0f} | "
+             f"{r['goals']['train_tokens_per_s_over_transformers']['value']} |",
+             f"| greedy decode tokens/s ({c['new_tokens']} new) | "
+             f"{ours['decode_tokens_per_s']:,.0f} | {theirs['decode_tokens_per_s']:,.0f} | "
+             f"{r['goals']['decode_tokens_per_s_over_transformers']['value']} |"]
+    if "decode_split" in ours:
+        lines.append(f"| decode: ms per further token | "
+                     f"{ours['decode_split']['per_further_token_step_ms']} | "
+                     f"{theirs['decode_split']['per_further_token_step_ms']} | |")
+    return lines + [""]
+
+
+def pod_section(r: dict) -> list[str]:
+    lines = ["### Pod-scale dry run (`bench/pod.py`)", "",
+             f"Train step compiled for N simulated CPU devices from abstract state (nothing "
+             f"allocated); {r['config']['optimizer']}, one sequence of {r['config']['length']} "
+             "tokens per device (inputs and targets), float32. Bytes per device.", "",
+             "| case | devices | mesh | params | optimizer | arguments | temporaries | "
+             "peak estimate | all-to-all | all-reduce | all-gather | compile s | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in r["cases"]:
+        if c.get("status") != "ok":
+            lines.append(f"| {c['case']} | {c['devices']} | | {c.get('status')} |" + " |" * 9)
+            continue
+        m, k = c["memory"], c["collectives"]
+        mesh = ",".join(f"{a}:{n}" for a, n in c["mesh"].items())
+        lines.append(
+            f"| {c['case']} | {c['devices']} | {mesh} | {_gib(c['params_bytes_per_device_max'])} "
+            f"| {_gib(c['opt_bytes_per_device_max'])} | {_gib(m['argument_bytes'])} | "
+            f"{_gib(m['temp_bytes'])} | {_gib(m['peak_estimate_bytes'])} | {k['all-to-all']} | "
+            f"{k['all-reduce']} | {k['all-gather']} | {c['compile_seconds']} | "
+            f"{c['wall_seconds']} |")
+    return lines + [""]
+
+
 def generic_section(name: str, r: dict) -> list[str]:
     body = {k: v for k, v in r.items() if k not in ("machine", "goals", "bench")}
     return [f"### {name} (`bench/{name}.py`)", "", "```json", json.dumps(body, indent=1),
@@ -132,12 +184,7 @@ def main():
     sections = {"train_step": lambda r: train_step_section(r, figures),
                 "memory": lambda r: memory_section(r, figures),
                 "pipeline": pipeline_section, "decode": decode_section}
-    try:
-        import importlib
-        extra = importlib.import_module("report_extra")   # sections for peer / pod
-        sections.update(extra.SECTIONS(figures))
-    except ImportError:
-        pass
+    sections.update({"peer": lambda r: peer_section(r, figures), "pod": pod_section})
     for name, r in results.items():
         lines += sections.get(name, lambda r, n=name: generic_section(n, r))(r)
     lines.append(END)

@@ -20,7 +20,7 @@ BENCHES = {
     "pipeline": ("pipeline.py", [], ["--seconds", "3", "--max-pairs", "4000"]),
     "peer": ("peer.py", [], ["--quick"]),
     "decode": ("decode.py", [], ["--new", "16"]),
-    "pod": ("pod.py", [], ["--quick"]),
+    "pod": ("pod.py", [], ["--cases", "switch_tiny:8", "--length", "32"]),
 }
 
 
