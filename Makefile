@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: demo test figures
+.PHONY: demo test figures bench bench-quick
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,3 +22,9 @@ test: $(VENV)/.installed      ## the test suite, on 8 simulated CPU devices
 
 figures: $(VENV)/.installed   ## the Mesh-TensorFlow paper's figures 2-4 -> docs/figures
 	$(PY) examples/mtf_two_layer.py --out docs/figures
+
+bench: $(VENV)/.installed     ## every benchmark -> out/bench/*.json, docs/benchmarks.md + plots
+	$(PY) bench/run_all.py
+
+bench-quick: $(VENV)/.installed   ## the benchmarks at small sizes (checks that they run)
+	$(PY) bench/run_all.py --quick --out out/bench-quick
