@@ -15,7 +15,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # name: (script, extra flags, extra flags with --quick)
 BENCHES = {
-    "train_step": ("train_step.py", [], ["--layers", "2", "--d-model", "256", "--repeats", "2"]),
+    "train_step": ("train_step.py", [], ["--layers", "2", "--d-model", "256", "--repeats", "2",
+                                        "--compiles", "1"]),
     "memory": ("memory.py", [], ["--tokens", "2048", "--d-model", "256"]),
     "pipeline": ("pipeline.py", [], ["--seconds", "3", "--max-pairs", "4000"]),
     "peer": ("peer.py", [], ["--quick"]),
