@@ -79,3 +79,64 @@ def test_encoder_decoder_models_inspect_and_their_dispatch_is_all_to_all():
     assert report["collectives"]["all-to-all"] > 0
     names = {t["name"] for t in report["tensors"]}
     assert "encoder/layers/1/ffn/wi" in names and "decoder/layers/1/cross/q" in names
+
+
+def test_memory_analysis_of_the_compiled_step_is_reported_per_device():
+    report = inspector.inspect("switch_tiny", "expert:8", "expert_parallel", batch_size=8,
+                               length=32)
+    m = report["memory"]
+    for key in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes",
+                "peak_estimate_bytes"):
+        assert m[key] > 0, (key, m)
+    assert m["peak_estimate_bytes"] == (m["argument_bytes"] + m["output_bytes"]
+                                        - m["alias_bytes"] + m["temp_bytes"])
+    # The state is donated, so the new state reuses its buffers: most of the output is aliased.
+    state = report["params_bytes_per_device_max"] + report["opt_bytes_per_device_max"]
+    assert state <= m["argument_bytes"] and m["alias_bytes"] >= state
+    assert report["batch"] == 8 and report["length"] == 32 and report["routing_groups"] == 8
+    assert "peak estimate" in inspector.format_table(report)
+
+
+def test_devices_flag_reruns_on_that_many_simulated_devices(capfd):
+    # This process already runs 8 devices, so --devices 4 must start a fresh process.
+    rc = inspector.main(["--model", "switch_tiny", "--mesh", "expert:4", "--layout",
+                         "expert_parallel", "--devices", "4", "--no-compile", "--json"])
+    assert rc == 0
+    report = json.loads(capfd.readouterr().out)
+    assert report["devices"] == 4 and report["mesh"] == {"expert": 4}
+    assert "memory" not in report                   # --no-compile
+
+
+def test_pod_bench_runs_a_small_case_end_to_end(tmp_path):
+    out = tmp_path / "pod.json"
+    run = subprocess.run([sys.executable, "bench/pod.py", "--cases", "switch_tiny:4",
+                          "--length", "32", "--timeout", "120", "--out", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    assert json.loads(run.stdout) == result
+    (case,) = result["cases"]
+    assert case["status"] == "ok", case
+    # data + expert: the 8 experts over 4 devices, one sequence (one routing group) per device
+    assert case["mesh"] == {"data": 1, "model": 1, "expert": 4}
+    assert case["batch"] == 4 and case["routing_groups"] == 4
+    assert case["memory"]["peak_estimate_bytes"] > 0 and case["collectives"]["all-to-all"] > 0
+    assert case["wall_seconds"] >= case["compile_seconds"] > 0
+
+
+def test_pod_bench_records_a_case_past_its_timeout_and_goes_on():
+    run = subprocess.run([sys.executable, "bench/pod.py", "--cases", "switch_tiny:4",
+                          "--timeout", "0.5"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    (case,) = json.loads(run.stdout)["cases"]
+    assert case["status"] == "timeout" and "memory" not in case
+
+
+def test_cpu_inspection_keeps_all_to_all_whole_and_the_callers_disabled_passes(monkeypatch):
+    # XLA's CPU rewrite of an all-to-all into one slice per device is what made Switch-C's step
+    # outgrow the host at 1,024+ simulated devices; the inspector compiles without it.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                                    "--xla_disable_hlo_passes=foo")
+    assert inspector._cpu_inspect_options() == {
+        "xla_disable_hlo_passes": "foo,all_to_all_decomposer"}
