@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -67,8 +68,9 @@ def tree_shardings(layout: layout_lib.Layout, tree, dims: dict, params,
     """NamedSharding per leaf of ``tree`` (params, optimizer state, or a whole TrainState).
 
     A leaf whose key path ends with a parameter's path and has that parameter's shape follows
-    its dims (so Adam moments shard like their weights); everything else (counters, Adafactor's
-    factored or placeholder statistics) is replicated. With ``update_axis`` (e.g. "data"), the
+    its dims (so Adam moments shard like their weights); Adafactor's factored row / column
+    statistics follow their weight's dims less the one averaged away; everything else
+    (counters, placeholders) is replicated. With ``update_axis`` (e.g. "data"), the
     optimizer state is further split over that axis where a free dimension divides: the
     weight-update sharding of arXiv 2004.13336 (each data replica updates a slice, then the
     parameters are all-gathered).
@@ -79,13 +81,33 @@ def tree_shardings(layout: layout_lib.Layout, tree, dims: dict, params,
         keys = tuple(map(_key, path))
         for start in range(len(keys)):
             d = dims.get(keys[start:])
-            if d is not None and shapes[keys[start:]] == leaf.shape:
-                s = layout.sharding(d, leaf.shape, "/".join(map(str, keys[start:])))
+            if d is None:
+                continue
+            name = "/".join(map(str, keys[start:]))
+            if shapes[keys[start:]] == leaf.shape:
+                s = layout.sharding(d, leaf.shape, name)
                 if update_axis and keys[0] == "opt_state":
                     s = _split_further(s, leaf.shape, update_axis)
                 return s
+            dropped = _factored_dim(keys, shapes[keys[start:]], leaf.shape)
+            if dropped is not None:    # a factored statistic: its weight's dims less one
+                return layout.sharding(d[:dropped] + d[dropped + 1:], leaf.shape, name)
         return layout.replicated()
     return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def _factored_dim(keys, param_shape, shape) -> int | None:
+    """Which dim of ``param_shape`` a factored second-moment statistic of that shape averages
+    away: optax's adafactor keeps v_row without the largest dim and v_col without the second
+    largest (``np.argsort`` order); None if ``shape`` is not such a statistic."""
+    if len(shape) != len(param_shape) - 1 or len(param_shape) < 2:
+        return None
+    order = np.argsort(param_shape)
+    dim = {"v_row": order[-1], "v_col": order[-2]}.get(next(
+        (k for k in keys if k in ("v_row", "v_col")), None))
+    if dim is None or tuple(np.delete(param_shape, dim)) != tuple(shape):
+        return None
+    return int(dim)
 
 
 def _split_further(sharding: NamedSharding, shape, axis: str) -> NamedSharding:

@@ -94,6 +94,24 @@ def test_adafactor_state_shards_on_the_2d_layout():
     assert np.isfinite(float(metrics["loss"]))
 
 
+def test_adafactor_factored_statistics_shard_like_their_weights():
+    # An expert weight [experts, d_model, d_ff] under expert parallelism: optax keeps v_row
+    # without its largest dim and v_col without the second largest; both keep 'experts'.
+    tx = training.make_optimizer("adafactor", 1e-2, 1)
+    cfg = CFG.replace(d_model=128, d_ff=256)     # optax factors dims >= 128
+    lay = L.Layout.create("expert_parallel", "expert:8")
+    _, abstract, dims = training.abstract_state(cfg, tx)
+    shardings = training.tree_shardings(lay, abstract, dims, abstract.params)
+    found = 0
+    leaves = jax.tree_util.tree_leaves_with_path(abstract.opt_state)
+    for (path, x), s in zip(leaves, jax.tree.leaves(shardings.opt_state)):
+        keys = [training._key(k) for k in path]
+        if keys[-1] == "wi" and ("v_row" in keys or "v_col" in keys) and x.ndim == 2:
+            assert s.spec[0] == "expert", (keys, s.spec)          # an expert weight's
+            found += 1
+    assert found == 4                      # v_row and v_col of the 2 sparse layers
+
+
 def run_step(cfg, lay, accumulate=1, update_axis=None):
     graphdef, abstract, dims = training.abstract_state(cfg, TX)
     shardings = training.tree_shardings(lay, abstract, dims, abstract.params, update_axis)
