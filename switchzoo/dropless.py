@@ -40,16 +40,24 @@ def resolve(impl: str) -> str:
 
 # ------------------------------------------------------------- block-sparse grouped matmul
 
-def _block_loop(x_RK, w_EKF, block_e_J, num_blocks, block: int, subscripts: str):
-    """out[rows of block j] = x[rows of block j] . w[block_e[j]] for the first num_blocks
-    blocks (a loop with a traced trip count, so empty blocks cost nothing); zero elsewhere."""
+def _dot(a, b, contract: tuple[int, int]):
+    """A plain 2-D matmul contracting dim contract[0] of ``a`` with dim contract[1] of ``b``,
+    accumulated in float32."""
+    return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def _block_loop(x_RK, w_EKF, block_e_J, num_blocks, block: int, transpose: bool):
+    """out[rows of block j] = x[rows of block j] . w[block_e[j]] (its transpose if asked) for
+    the first num_blocks blocks (a loop with a traced trip count, so empty blocks cost nothing);
+    zero elsewhere."""
     R = x_RK.shape[0]
-    F = w_EKF.shape[2] if subscripts == "rk,kf->rf" else w_EKF.shape[1]
+    F = w_EKF.shape[1] if transpose else w_EKF.shape[2]
 
     def body(j, out):
         x_blk = jax.lax.dynamic_slice_in_dim(x_RK, j * block, block, 0)
         w_j = jax.lax.dynamic_index_in_dim(w_EKF, block_e_J[j], 0, keepdims=False)
-        y = jnp.einsum(subscripts, x_blk, w_j, preferred_element_type=jnp.float32)
+        y = _dot(x_blk, w_j, (1, 1) if transpose else (1, 0))
         return jax.lax.dynamic_update_slice_in_dim(out, y.astype(out.dtype), j * block, 0)
 
     return jax.lax.fori_loop(0, num_blocks, body, jnp.zeros((R, F), x_RK.dtype))
@@ -58,7 +66,7 @@ def _block_loop(x_RK, w_EKF, block_e_J, num_blocks, block: int, subscripts: str)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def block_matmul(x_RD, w_EDF, block_e_J, num_blocks, block: int):
     """[R, D] x [E, D, F] -> [R, F], block j of ``block`` rows using expert block_e_J[j]."""
-    return _block_loop(x_RD, w_EDF, block_e_J, num_blocks, block, "rk,kf->rf")
+    return _block_loop(x_RD, w_EDF, block_e_J, num_blocks, block, transpose=False)
 
 
 def _block_matmul_fwd(x_RD, w_EDF, block_e_J, num_blocks, block):
@@ -68,15 +76,16 @@ def _block_matmul_fwd(x_RD, w_EDF, block_e_J, num_blocks, block):
 
 def _block_matmul_bwd(block, res, g_RF):
     x_RD, w_EDF, block_e_J, num_blocks = res
-    dx_RD = _block_loop(g_RF, w_EDF, block_e_J, num_blocks, block, "rf,kf->rk")
+    dx_RD = _block_loop(g_RF, w_EDF, block_e_J, num_blocks, block, transpose=True)
 
     def body(j, dw_EDF):
         x_blk = jax.lax.dynamic_slice_in_dim(x_RD, j * block, block, 0)
         g_blk = jax.lax.dynamic_slice_in_dim(g_RF, j * block, block, 0)
         e = block_e_J[j]
-        dw = jnp.einsum("rd,rf->df", x_blk, g_blk, preferred_element_type=jnp.float32)
+        dw_DF = _dot(x_blk, g_blk, (0, 0))
         old = jax.lax.dynamic_index_in_dim(dw_EDF, e, 0, keepdims=True)
-        return jax.lax.dynamic_update_index_in_dim(dw_EDF, old + dw[None].astype(old.dtype), e, 0)
+        return jax.lax.dynamic_update_index_in_dim(dw_EDF, old + dw_DF[None].astype(old.dtype),
+                                                   e, 0)
 
     dw_EDF = jax.lax.fori_loop(0, num_blocks, body, jnp.zeros_like(w_EDF))
     return dx_RD, dw_EDF, None, None
