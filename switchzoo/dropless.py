@@ -189,8 +189,8 @@ def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, rng=None, *, num_e
         order = jnp.argsort(expert_A, stable=True)
         e_s = expert_A[order]
         dest_s = e_s // E_local                                      # n for padding
-        start_n = jnp.cumsum(jnp.bincount(dest_s, length=n + 1)[:n]) - jnp.bincount(
-            dest_s, length=n + 1)[:n]
+        count_n = jnp.bincount(dest_s, length=n + 1)[:n]
+        start_n = jnp.cumsum(count_n) - count_n
         slot_s = jnp.arange(A) - start_n[jnp.minimum(dest_s, n - 1)]
         send_x = jnp.zeros((n, A, D), x_TD.dtype).at[dest_s, slot_s].set(
             x_TD[token_A[order]], mode="drop")
