@@ -109,9 +109,9 @@ class Step:
         return float(analysis.get("flops", 0.0)) * self.layout.mesh.size
 
     def memory(self) -> dict:
-        m = self.compiled.memory_analysis()
-        return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in
-                ("argument", "output", "alias", "temp")}
+        """Per-device bytes of the compiled step (switchzoo.inspector.memory_stats)."""
+        from switchzoo.inspector import memory_stats
+        return memory_stats(self.compiled)
 
 
 def matmul_peak(n: int = 2048, dtype: str = "float32", repeats: int = 5) -> float:

@@ -26,14 +26,15 @@ def state_bytes(step) -> dict:
     import collections
 
     import jax
+
+    from switchzoo.layout import spec_axes
     per_device = collections.Counter()
     ideal = 0
     for leaf in jax.tree.leaves((step.state.params, step.state.opt_state)):
         for shard in leaf.addressable_shards:
             per_device[shard.device.id] += shard.data.nbytes
         spec = leaf.sharding.spec
-        shards = math.prod(leaf.sharding.mesh.shape[a] for e in spec if e is not None
-                           for a in ((e,) if isinstance(e, str) else e))
+        shards = math.prod(leaf.sharding.mesh.shape[a] for e in spec for a in spec_axes(e))
         ideal += leaf.nbytes / shards
     return {"measured_max": max(per_device.values()), "measured_min": min(per_device.values()),
             "ideal": ideal, "total": sum(leaf.nbytes for leaf in jax.tree.leaves(
@@ -72,7 +73,7 @@ def main():
     measured = state_bytes(step)
     mem = step.memory()
     batch_bytes = sum(x.nbytes for x in step.data.values()) // 4      # split over data+expert
-    xla_state = mem["argument"] - batch_bytes
+    xla_state = mem["argument_bytes"] - batch_bytes
     groups = [64, 128, 256, 512, 1024, 2048, 4096]
     temp = {d: {g: dispatch_temp_bytes(d, g, args.tokens, args.d_model, 4 * args.d_model)
                 for g in groups} for d in ("einsum", "dropless")}

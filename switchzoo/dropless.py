@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from switchzoo.layout import Layout, LayoutError
+from switchzoo.layers import dropout
+from switchzoo.layout import Layout, LayoutError, spec_axes
 
 IMPLS = ("auto", "blocks", "ragged_dot")
 
@@ -115,13 +116,6 @@ def _mlp(grouped, x, w: Weights, dropout_fn):
     return grouped(dropout_fn(h), w.wo)
 
 
-def _dropout(rate: float, rng):
-    if not rate or rng is None:
-        return lambda h: h
-    return lambda h: jnp.where(jax.random.bernoulli(rng, 1.0 - rate, h.shape), h / (1.0 - rate),
-                               0).astype(h.dtype)
-
-
 def run_experts(x_MD, expert_M, w: Weights, impl: str = "blocks", block: int = 128,
                 dropout_fn=lambda h: h):
     """Each row through its expert's MLP (unweighted); rows with expert id >= E get zero."""
@@ -171,7 +165,7 @@ def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, rng=None, *, num_e
     """One device's share (or the whole layer, with no axes)."""
     if rng is not None and (expert_axes or ff_axes):
         rng = jax.random.fold_in(rng, jax.lax.axis_index(tuple(expert_axes) + tuple(ff_axes)))
-    dropout_fn = _dropout(rate, rng)
+    dropout_fn = functools.partial(dropout, rate=rate, rng=rng)
     B, L, D = x_BLD.shape
     P = index_BLP.shape[-1]
     x_TD = x_BLD.reshape(B * L, D)
@@ -218,10 +212,6 @@ def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, rng=None, *, num_e
     return y_TD.reshape(B, L, D)
 
 
-def _axes(entry) -> tuple:
-    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-
-
 def plan(layout: Layout, x_shape, w_shapes: dict):
     """How the layer splits over ``layout``'s mesh: (expert axes, d_ff axes, whether tokens
     are exchanged, the tokens' spec, the weights' specs); a LayoutError if it cannot run."""
@@ -229,13 +219,13 @@ def plan(layout: Layout, x_shape, w_shapes: dict):
                             ("experts", "d_model", "d_ff"), shape, f"experts/{k}")
              for k, shape in w_shapes.items()}
     wi_spec = tuple(specs["wi" if "wi" in specs else "wi_0"]) + (None,) * 3
-    expert_axes, d_axes, ff_axes = (_axes(e) for e in wi_spec[:3])
+    expert_axes, d_axes, ff_axes = (spec_axes(e) for e in wi_spec[:3])
     if d_axes:
         raise LayoutError(f"moe.dispatch='dropless' needs d_model unsplit in the experts, but "
                           f"layout {layout.text!r} splits it over {d_axes}; use the einsum "
                           "dispatch with this layout, or drop d_model from it")
     x_spec = layout.spec(("batch", "length", "d_model"), x_shape, strict=False)
-    batch_axes = _axes(tuple(x_spec)[0] if len(x_spec) else None)
+    batch_axes = spec_axes(tuple(x_spec)[0] if len(x_spec) else None)
     shared = tuple(a for a in batch_axes if a in expert_axes)
     if shared and set(shared) != set(expert_axes):
         raise LayoutError(f"moe.dispatch='dropless': layout {layout.text!r} splits the batch "

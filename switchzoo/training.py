@@ -116,11 +116,11 @@ def _split_further(sharding: NamedSharding, shape, axis: str) -> NamedSharding:
     if axis not in mesh.shape or mesh.shape[axis] == 1:
         return sharding
     spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
-    used = {a for e in spec if e for a in ((e,) if isinstance(e, str) else e)}
+    used = {a for e in spec for a in layout_lib.spec_axes(e)}
     if axis in used:
         return sharding
     for i, e in enumerate(spec):
-        axes = () if e is None else (e,) if isinstance(e, str) else tuple(e)
+        axes = layout_lib.spec_axes(e)
         parts = math.prod(mesh.shape[a] for a in axes) * mesh.shape[axis]
         if shape[i] % parts == 0:
             spec[i] = axes + (axis,) if axes else axis
