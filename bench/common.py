@@ -51,6 +51,19 @@ def best_of(fn, repeats: int = 5, warmup: int = 1) -> float:
     return min(times)
 
 
+def interleaved_best(fns, repeats: int, warmup: int, already_warm=None) -> list[float]:
+    """Best seconds of each function, timed in alternating rounds (a, b, a, b, ...) so that both
+    sides see the same background load on a shared machine."""
+    for fn, done in zip(fns, already_warm or (0,) * len(fns)):
+        for _ in range(max(warmup - done, 0)):
+            fn()
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            best[i] = min(best[i], best_of(fn, repeats=1, warmup=0))
+    return best
+
+
 def emit(result: dict, out: str | None) -> None:
     text = json.dumps(result, indent=1)
     print(text)

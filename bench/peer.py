@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 
-from common import best_of, emit, machine, parser
+from common import emit, interleaved_best, machine, parser
 
 TRAIN_GOAL = 1.5
 DECODE_GOAL = 3.0
@@ -95,19 +95,6 @@ def limit_threads(threads: int) -> str:
     os.sched_setaffinity(0, allowed[:threads])
     return (f"process pinned to CPUs {allowed[:threads]} (os.sched_setaffinity) and "
             f"torch.set_num_threads({threads}); {note}")
-
-
-def interleaved_best(fns, repeats: int, warmup: int, already_warm=None) -> list[float]:
-    """Best seconds of each function, timed in alternating rounds (a, b, a, b, ...) so that both
-    sides see the same background load on a shared machine."""
-    for fn, done in zip(fns, already_warm or (0,) * len(fns)):
-        for _ in range(max(warmup - done, 0)):
-            fn()
-    best = [float("inf")] * len(fns)
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
-            best[i] = min(best[i], best_of(fn, repeats=1, warmup=0))
-    return best
 
 
 def split(one_s: float, all_s: float, new_tokens: int) -> dict:

@@ -19,7 +19,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402
 
-from common import Step, emit, machine, matmul_peak, parser  # noqa: E402
+from common import Step, emit, interleaved_best, machine, matmul_peak, parser  # noqa: E402
 
 
 def configs(args):
@@ -67,10 +67,7 @@ def main():
         print(f"{name}: compiled in {steps[name].compile_s:.2f} s", flush=True)
     # Alternate the cases round by round (best of the rounds), so that load that comes and
     # goes on a shared machine hits all of them alike.
-    best = {name: float("inf") for name in cases}
-    for _ in range(args.repeats):
-        for name, step in steps.items():
-            best[name] = min(best[name], step.time(repeats=1, warmup=0))
+    best = dict(zip(steps, interleaved_best([s.run for s in steps.values()], args.repeats, 0)))
     results = {}
     for name, (cfg, mesh, layout, devices) in cases.items():
         step, seconds = steps[name], best[name]
