@@ -9,7 +9,7 @@ import pathlib
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from switchzoo import cli, evaluator, tables
+from switchzoo import cli, evaluate, tables
 
 config_flags.DEFINE_config_file("config", None, "Run config, when the workdir has none.")
 flags.DEFINE_string("workdir", None, "The run to evaluate (results.json is written there).")
@@ -22,18 +22,18 @@ flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    cli.run(evaluate)
+    cli.run(run_eval)
 
 
-def evaluate():
+def run_eval():
     FLAGS = flags.FLAGS
     if FLAGS.table:
         print(tables.collect(FLAGS.table, FLAGS.runs))
         return
     if not FLAGS.workdir:
         raise ValueError("give --workdir=DIR (or --table=NAME --runs=DIR,...)")
-    config = FLAGS.config or evaluator.load_config(pathlib.Path(FLAGS.workdir))
-    evaluator.run(config, FLAGS.workdir, FLAGS.checkpoint)
+    config = FLAGS.config or evaluate.load_config(pathlib.Path(FLAGS.workdir))
+    evaluate.run(config, FLAGS.workdir, FLAGS.checkpoint)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from switchzoo import cli, trainer
+from switchzoo import cli, loop
 
 config_flags.DEFINE_config_file("config", "configs/demo.py", "Run config (file.py[:variant]).")
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics, tokenizer and config.json go here.",
@@ -18,7 +18,7 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)   # JAX's backend probing is noise here
     cli.run(lambda: (cli.initialize_distributed(),
-                     trainer.train(flags.FLAGS.config, flags.FLAGS.workdir)))
+                     loop.train(flags.FLAGS.config, flags.FLAGS.workdir)))
 
 
 if __name__ == "__main__":

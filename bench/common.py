@@ -73,7 +73,7 @@ def emit(result: dict, out: str | None) -> None:
 
 
 class Step:
-    """The real jitted train step (switchzoo.training) of ``cfg`` on ``devices`` under a layout,
+    """The real jitted train step (switchzoo.steps) of ``cfg`` on ``devices`` under a layout,
     on a random batch (or ``host_batch``): compile time, best step time, cost and memory analysis."""
 
     def __init__(self, cfg, mesh: str, layout: str, batch: int, length: int, devices=None,
@@ -81,19 +81,17 @@ class Step:
         import jax
         import numpy as np
 
-        from switchzoo import layout as layout_lib
-        from switchzoo import training
+        from switchzoo import state as state_lib
+        from switchzoo import steps
         self.cfg, self.batch, self.length = cfg, batch, length
-        devices = jax.devices() if devices is None else devices
-        self.layout = layout_lib.Layout.create(layout, layout_lib.make_mesh(mesh, devices))
-        tx = training.make_optimizer(optimizer)
-        graphdef, self.state, shardings = training.init_state(cfg, tx, self.layout)
-        step = training.make_train_step(graphdef, cfg, tx, self.layout, shardings)
+        setup = state_lib.setup(cfg, layout, mesh, devices=devices, optimizer=optimizer)
+        self.layout, self.state = setup.layout, setup.init()
+        step = steps.make_train_step(setup)
         rng = np.random.default_rng(0)
         ids = lambda: rng.integers(2, cfg.vocab_size, (batch, length), dtype=np.int32)  # noqa
         host = host_batch or {"inputs": ids(), "targets": ids(),
                               "weights": np.ones((batch, length), np.float32)}
-        self.data = jax.device_put(host, training.batch_shardings(self.layout))
+        self.data = jax.device_put(host, state_lib.batch_shardings(self.layout))
         self.compile_s = float("inf")          # best of ``compiles`` (each one from scratch)
         for _ in range(compiles):
             jax.clear_caches()                  # else a second compile is a cache hit

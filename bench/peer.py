@@ -144,7 +144,8 @@ def run(args, threads: int, thread_note: str) -> dict:
 
     import switchzoo
     from switchzoo import layout as layout_lib
-    from switchzoo import training
+    from switchzoo import state as state_lib
+    from switchzoo import steps
 
     torch.set_num_threads(threads)
     B, L, N = args.batch, args.length, args.new_tokens
@@ -211,17 +212,14 @@ def run(args, threads: int, thread_note: str) -> dict:
         (lambda: ours_generate(1), lambda: theirs_generate(1)), decode_repeats, args.warmup)
 
     # ---- one training step: forward + backward + AdamW, fp32, dropout 0
-    tx = training.make_optimizer("adamw", 1e-3, warmup_steps=100)
-    graphdef, abstract, dims = training.abstract_state(cfg, tx, args.seed)
-    shardings = training.tree_shardings(layout, abstract, dims, abstract.params)
-    init = jax.jit(lambda p: training.TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)),
-                   out_shardings=shardings)
+    setup = state_lib.setup(cfg, layout, optimizer=state_lib.make_optimizer(
+        "adamw", 1e-3, warmup_steps=100), seed=args.seed)
     # a copy, so donating the train state never touches the loaded model's buffers
-    state = init(jax.tree.map(jnp.copy, ours.params))
-    step_fn = training.make_train_step(graphdef, cfg, tx, layout, shardings, args.seed)
+    state = setup.state_from(jax.tree.map(jnp.copy, ours.params))
+    step_fn = steps.make_train_step(setup)
     batch = jax.device_put({"inputs": src.astype(np.int32), "targets": tgt.astype(np.int32),
                             "weights": np.ones((B, L), np.float32)},
-                           training.batch_shardings(layout))
+                           state_lib.batch_shardings(layout))
     holder = {"state": state}
 
     def ours_step():
@@ -269,7 +267,7 @@ def run(args, threads: int, thread_note: str) -> dict:
         "decode_compile_s": round(ours_decode_first - ours_decode, 2),
         "decode_split": split(ours_one, ours_decode, N),
         "parameters": int(ours_params),
-        "optimizer": "optax.adamw (switchzoo.training.make_optimizer)",
+        "optimizer": "optax.adamw (switchzoo.state.make_optimizer)",
     }
     theirs_side = {
         "train_step_s": round(theirs_train, 5),

@@ -22,14 +22,15 @@ def main():
     args = p.parse_args()
     import jax
 
-    from configs import demo
-    from switchzoo import data, trainer
+    from switchzoo import data
+    from switchzoo import state as state_lib
+    from switchzoo.configs import demo
     config = demo.get_config()
     config.data.embedded_max_pairs = args.max_pairs
     with tempfile.TemporaryDirectory() as workdir:
         start = time.perf_counter()
         ds = data.build(config.data, workdir, task=config.task,
-                        batch_size=trainer.batch_size(config), max_length=config.max_length,
+                        batch_size=state_lib.global_batch_size(config), max_length=config.max_length,
                         seed=config.seed)
         setup_s = time.perf_counter() - start
         next(ds.train)                                   # first batch: workers start
@@ -42,7 +43,7 @@ def main():
         pipe_s = time.perf_counter() - start
         shapes = {k: list(v.shape) for k, v in batch.items()}
         vocab = ds.tokenizer.vocab_size
-    cfg = trainer.model_config(config, vocab)
+    cfg = state_lib.run_model_config(config, vocab)
     bsz, length = shapes["targets"]
     step = Step(cfg, "data:1", config.layout, bsz, length, jax.devices()[:1],
                 optimizer=config.optimizer, host_batch=batch)     # a real packed batch

@@ -26,7 +26,7 @@ Choices (the Switch paper, arXiv 2101.03961):
     and each device routes its own tokens. With the catalogue's groups (e.g. 2048 tokens for
     Switch-C) 2^20 tokens make 512 groups, which the layout cannot split over 2048 devices: the
     routing is then replicated (--catalogue-groups shows what that costs).
-  * Optimizer: Adafactor, the paper's and the trainer's default (--optimizer adamw for Adam).
+  * Optimizer: Adafactor, the paper's and the run configs' default (--optimizer adamw for Adam).
   * All-to-all: the inspector keeps each all-to-all one array op, as TPU does, instead of XLA's
     CPU rewrite into one slice per device (--cpu-decompose-all-to-all restores it), which at
     1,024+ devices makes the compile outgrow the host.

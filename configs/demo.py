@@ -5,7 +5,7 @@ layer) trained on the embedded corpus (the GNU gettext catalogues under /usr/sha
 human translations of program messages), on CPU in a few minutes. Variant keys: model, layout,
 mesh, pair (e.g. en-fr), steps.
 """
-from configs import base
+from switchzoo.configs import base
 
 
 def get_config(arg: str | None = None):

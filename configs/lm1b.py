@@ -5,7 +5,7 @@ or from local text files (one text per line) with --config.data.source=files
 --config.data.train_files=a.txt[.gz] --config.data.eval_files=b.txt. Reports token and word
 perplexity. Variant keys: model, layout, mesh, steps.
 """
-from configs import base
+from switchzoo.configs import base
 
 
 def get_config(arg: str | None = None):

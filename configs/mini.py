@@ -12,7 +12,7 @@ validation losses compare at equal steps. Then, for example:
 Variant keys: model, steps, task (lm; translation needs encoder-decoders such as switch_base_tiny
 and t5_tiny), and any config field (e.g. moe.train_capacity_factor=1.0).
 """
-from configs import base
+from switchzoo.configs import base
 
 
 def get_config(arg: str | None = None):

@@ -5,7 +5,7 @@ wmt14_translate/<pair> (prepared in --config.data.tfds_data_dir), or from local 
 --config.data.source=files --config.data.train_files=a.tsv[.gz] --config.data.eval_files=b.tsv.
 Variant keys: model, layout, mesh, pair (source-target, e.g. en-de), steps.
 """
-from configs import base
+from switchzoo.configs import base
 
 
 def get_config(arg: str | None = None):

@@ -4,7 +4,7 @@ import importlib
 from switchzoo.config import ModelConfig, MoeConfig
 
 __all__ = ["ModelConfig", "MoeConfig", "from_pretrained", "init", "Model", "dims", "layout", "zoo",
-           "training", "hf"]
+           "state", "steps", "hf"]
 
 
 def __getattr__(name):

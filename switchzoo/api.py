@@ -16,6 +16,7 @@ from flax import nnx
 
 from switchzoo import hf
 from switchzoo import layout as layout_lib
+from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig
 
 
@@ -29,7 +30,7 @@ class Model:
 
     @property
     def is_encoder_decoder(self) -> bool:
-        return bool(self.cfg.num_encoder_layers)
+        return self.cfg.is_encoder_decoder
 
     def module(self):
         """The Flax NNX module holding these parameters."""
@@ -91,34 +92,19 @@ class Model:
         hf.save(path, self.cfg, self.params, self.hf_config, self.facts)
 
 
-def default_layout(mesh=None, layout=None) -> layout_lib.Layout:
-    """A preset or layout string on a Mesh or mesh spec; by default every local device holds
-    the whole model (data parallel)."""
-    layout = layout or "data_parallel"
-    if mesh is None:
-        preset = layout_lib.presets().get(layout)
-        mesh = preset.mesh if preset else "data:-1"
-    return layout_lib.Layout.create(layout, mesh)
-
-
 def init(model: str | ModelConfig, seed: int = 0, mesh=None, layout=None) -> Model:
-    """A freshly initialised model (a catalogue name or a ModelConfig), born sharded."""
-    from switchzoo import training, transformer, zoo
-    cfg = zoo.get(model) if isinstance(model, str) else model
-    lay = default_layout(mesh, layout)
-    graphdef, abstract, dims = training.abstract_model(cfg, seed)
-    shardings = training.tree_shardings(lay, abstract, dims, abstract)
-    params = jax.jit(lambda: nnx.to_pure_dict(nnx.state(transformer.build(cfg, seed))),
-                     out_shardings=shardings)()
-    return Model(cfg, graphdef, params, lay)
+    """A freshly initialised model (a catalogue name or a ModelConfig), born sharded on
+    ``mesh`` under ``layout`` (default: every local device holds the whole model)."""
+    setup = state_lib.setup(model, layout or "data_parallel", mesh, seed=seed)
+    return Model(setup.cfg, setup.graphdef, setup.init(), setup.layout)
 
 
 def from_pretrained(path, mesh=None, layout=None) -> Model:
     """Loads a Hugging Face SwitchTransformers directory onto ``mesh`` under ``layout``."""
-    hf_config, cfg, files = hf.read_config(path)
-    lay = default_layout(mesh, layout)
-    graphdef, params, facts = hf.load_params(cfg, files, lay)
-    return Model(cfg, graphdef, params, lay, hf_config, facts)
+    pretrained = hf.read_config(path)
+    setup = state_lib.setup(pretrained.cfg, layout or "data_parallel", mesh)
+    params, facts = hf.load_params(pretrained, setup)
+    return Model(setup.cfg, setup.graphdef, params, setup.layout, pretrained.hf_config, facts)
 
 
 def as_numpy(x) -> np.ndarray:

@@ -1,12 +1,22 @@
-"""Orbax checkpoints of a run: train state + data-iterator state, saved asynchronously every N
-steps, the newest ``keep`` kept. Restoring takes the shardings of the run that restores, so a
-checkpoint written under one mesh/layout loads under another."""
+"""Orbax checkpoints of a run, saved asynchronously every N steps, the newest ``keep`` kept.
+
+Each step holds three items: ``params`` (the weights alone, so evaluation and export restore
+them without building an optimizer), ``optimizer`` (the step counter and optimizer state) and
+``data`` (the input iterator's state, JSON). Restoring takes the shardings of the run that
+restores, so a checkpoint written under one mesh/layout loads under another."""
 from __future__ import annotations
 
 import pathlib
 
 import jax
 import orbax.checkpoint as ocp
+
+from switchzoo.state import TrainState
+
+
+def _target(abstract, shardings):
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shardings)
 
 
 class Checkpoints:
@@ -25,18 +35,32 @@ class Checkpoints:
         """The newest committed checkpoint (a partial one, cut off by a crash, is ignored)."""
         return self.manager.latest_step()
 
-    def save(self, step: int, state, data_state: dict, force: bool = False) -> bool:
+    def all_steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def save(self, step: int, state: TrainState, data_state: dict, force: bool = False) -> bool:
         """Starts saving (asynchronously) when ``step`` is due or ``force``; True if it did."""
         return self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=force)
+            params=ocp.args.StandardSave(state.params),
+            optimizer=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
+            data=ocp.args.JsonSave(data_state)), force=force)
 
-    def restore(self, step: int, abstract_state, shardings):
-        """(state with ``shardings``, data-iterator state) of checkpoint ``step``."""
-        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                              abstract_state, shardings)
+    def restore(self, step: int, abstract: TrainState, shardings: TrainState):
+        """(TrainState with ``shardings``, data-iterator state) of checkpoint ``step``."""
+        optimizer = {"step": abstract.step, "opt_state": abstract.opt_state}
+        optimizer_sh = {"step": shardings.step, "opt_state": shardings.opt_state}
         out = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
-        return out.state, out.data
+            params=ocp.args.StandardRestore(_target(abstract.params, shardings.params)),
+            optimizer=ocp.args.StandardRestore(_target(optimizer, optimizer_sh)),
+            data=ocp.args.JsonRestore()))
+        return (TrainState(out.optimizer["step"], out.params, out.optimizer["opt_state"]),
+                out.data)
+
+    def restore_params(self, step: int, abstract_params, shardings):
+        """The parameters of checkpoint ``step`` alone, in ``shardings``."""
+        out = self.manager.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(_target(abstract_params, shardings))))
+        return out.params
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

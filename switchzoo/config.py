@@ -95,5 +95,10 @@ class ModelConfig:
             raise ValueError(f"activation '{self.activation}' is not supported; use 'relu' or "
                              "'gated-gelu'")
 
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """A T5 encoder-decoder (else a decoder-only LM): the one place this is decided."""
+        return self.num_encoder_layers > 0
+
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)

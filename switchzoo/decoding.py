@@ -1,7 +1,8 @@
 """Generation with a KV cache, one jitted program per call shape: greedy, temperature / top-k
 sampling and beam search, for encoder-decoders and decoder-only LMs.
 
-Shapes: B batch, K beams, T generated length, V vocab. Token 0 is padding (and the decoder start
+Shapes (switchzoo.dims): B batch, W beams, T generated length, V vocab; beam search runs the
+model on B*W rows (``flat`` arrays). Token 0 is padding (and the decoder start
 token of T5/Switch); finished sequences are padded with 0 after their EOS.
 """
 from __future__ import annotations
@@ -61,13 +62,13 @@ def sample(graphdef, params, src_BS, src_seg_BS, rng, *, max_new: int, greedy: b
     return tokens_TB.T
 
 
-def _gather(tree, index_BK, beams: int):
-    """Reorders a [B*K, ...] tree by beam indices [B, K]."""
+def _gather(tree, index_BW, beams: int):
+    """Reorders a [B*W, ...] tree by beam indices [B, W]."""
     def one(x):
         if x.ndim == 0:
             return x
         y = x.reshape((-1, beams) + x.shape[1:])
-        return jnp.take_along_axis(y, index_BK.reshape(index_BK.shape + (1,) * (y.ndim - 2)),
+        return jnp.take_along_axis(y, index_BW.reshape(index_BW.shape + (1,) * (y.ndim - 2)),
                                    axis=1).reshape(x.shape)
     return jax.tree.map(one, tree)
 
@@ -84,47 +85,47 @@ def beam_search(graphdef, params, src_BS, src_seg_BS, *, max_new: int, beams: in
     score (log-probability / length penalty). A beam ends at EOS; the search keeps the best
     ``beams`` finished and ``beams`` live hypotheses per example."""
     model = nnx.merge(graphdef, params)
-    B, K = src_BS.shape[0], beams
-    rep = lambda x: jnp.repeat(x, K, axis=0)                     # noqa: E731
-    ids, seg, cache, enc_seg = _prepare(model, rep(src_BS), rep(src_seg_BS), B * K, max_new)
+    B, W = src_BS.shape[0], beams
+    rep = lambda x: jnp.repeat(x, W, axis=0)                     # noqa: E731
+    ids, seg, cache, enc_seg = _prepare(model, rep(src_BS), rep(src_seg_BS), B * W, max_new)
     logits, cache = model.decode(ids, cache, 0, seg, enc_seg)
     start = ids.shape[1]
     V = logits.shape[-1]
-    # Only beam 0 is live at first, so the K copies do not fill the beam with duplicates.
-    live_logp_BK = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1)), (B, 1))
-    live_seq_BKT = jnp.zeros((B, K, max_new), jnp.int32)
-    done_seq_BKT = jnp.zeros((B, K, max_new), jnp.int32)
-    done_score_BK = jnp.full((B, K), NEG_INF)
+    # Only beam 0 is live at first, so the W copies do not fill the beam with duplicates.
+    live_logp_BW = jnp.tile(jnp.array([0.0] + [NEG_INF] * (W - 1)), (B, 1))
+    live_seq_BWT = jnp.zeros((B, W, max_new), jnp.int32)
+    done_seq_BWT = jnp.zeros((B, W, max_new), jnp.int32)
+    done_score_BW = jnp.full((B, W), NEG_INF)
 
     def step(carry, t):
-        logits_NV, cache, live_logp_BK, live_seq_BKT, done_seq_BKT, done_score_BK = carry
-        logp_BKV = jax.nn.log_softmax(logits_NV, -1).reshape(B, K, V) + live_logp_BK[..., None]
-        top_logp, top_i = jax.lax.top_k(logp_BKV.reshape(B, K * V), 2 * K)
-        beam_B2K, token_B2K = top_i // V, (top_i % V).astype(jnp.int32)
-        seq_B2KT = jnp.take_along_axis(live_seq_BKT, beam_B2K[..., None], axis=1)
-        seq_B2KT = seq_B2KT.at[:, :, t].set(token_B2K)
-        ended = token_B2K == eos_id
+        flat_logits, cache, live_logp_BW, live_seq_BWT, done_seq_BWT, done_score_BW = carry
+        logp_BWV = jax.nn.log_softmax(flat_logits, -1).reshape(B, W, V) + live_logp_BW[..., None]
+        top_logp, top_i = jax.lax.top_k(logp_BWV.reshape(B, W * V), 2 * W)
+        beam_B2W, token_B2W = top_i // V, (top_i % V).astype(jnp.int32)
+        seq_B2WT = jnp.take_along_axis(live_seq_BWT, beam_B2W[..., None], axis=1)
+        seq_B2WT = seq_B2WT.at[:, :, t].set(token_B2W)
+        ended = token_B2W == eos_id
         # Finished: merge the candidates that just emitted EOS into the finished set.
         score = jnp.where(ended, top_logp / length_penalty(t + 1.0, alpha), NEG_INF)
-        all_score = jnp.concatenate([done_score_BK, score], 1)
-        all_seq = jnp.concatenate([done_seq_BKT, seq_B2KT], 1)
-        done_score_BK, keep = jax.lax.top_k(all_score, K)
-        done_seq_BKT = jnp.take_along_axis(all_seq, keep[..., None], axis=1)
-        # Live: the best K candidates that did not end.
-        live_logp_BK, keep = jax.lax.top_k(jnp.where(ended, NEG_INF, top_logp), K)
-        live_seq_BKT = jnp.take_along_axis(seq_B2KT, keep[..., None], axis=1)
-        parent_BK = jnp.take_along_axis(beam_B2K, keep, axis=1)
-        token_BK = jnp.take_along_axis(token_B2K, keep, axis=1)
-        cache = _gather(cache, parent_BK, K)
-        logits, cache = model.decode(token_BK.reshape(B * K, 1), cache, start + t, None, enc_seg)
-        return (logits[:, -1], cache, live_logp_BK, live_seq_BKT, done_seq_BKT,
-                done_score_BK), None
+        all_score = jnp.concatenate([done_score_BW, score], 1)
+        all_seq = jnp.concatenate([done_seq_BWT, seq_B2WT], 1)
+        done_score_BW, keep = jax.lax.top_k(all_score, W)
+        done_seq_BWT = jnp.take_along_axis(all_seq, keep[..., None], axis=1)
+        # Live: the best W candidates that did not end.
+        live_logp_BW, keep = jax.lax.top_k(jnp.where(ended, NEG_INF, top_logp), W)
+        live_seq_BWT = jnp.take_along_axis(seq_B2WT, keep[..., None], axis=1)
+        parent_BW = jnp.take_along_axis(beam_B2W, keep, axis=1)
+        token_BW = jnp.take_along_axis(token_B2W, keep, axis=1)
+        cache = _gather(cache, parent_BW, W)
+        logits, cache = model.decode(token_BW.reshape(B * W, 1), cache, start + t, None, enc_seg)
+        return (logits[:, -1], cache, live_logp_BW, live_seq_BWT, done_seq_BWT,
+                done_score_BW), None
 
-    carry = (logits[:, -1], cache, live_logp_BK, live_seq_BKT, done_seq_BKT, done_score_BK)
+    carry = (logits[:, -1], cache, live_logp_BW, live_seq_BWT, done_seq_BWT, done_score_BW)
     carry, _ = jax.lax.scan(step, carry, jnp.arange(max_new))
-    _, _, live_logp_BK, live_seq_BKT, done_seq_BKT, done_score_BK = carry
+    _, _, live_logp_BW, live_seq_BWT, done_seq_BWT, done_score_BW = carry
     # Examples with no finished hypothesis fall back to their best live one.
-    live_score = live_logp_BK[:, 0] / length_penalty(float(max_new), alpha)
-    use_live = done_score_BK[:, 0] <= NEG_INF / 2
-    best = jnp.where(use_live[:, None], live_seq_BKT[:, 0], done_seq_BKT[:, 0])
-    return best, jnp.where(use_live, live_score, done_score_BK[:, 0])
+    live_score = live_logp_BW[:, 0] / length_penalty(float(max_new), alpha)
+    use_live = done_score_BW[:, 0] <= NEG_INF / 2
+    best = jnp.where(use_live[:, None], live_seq_BWT[:, 0], done_seq_BWT[:, 0])
+    return best, jnp.where(use_live, live_score, done_score_BW[:, 0])

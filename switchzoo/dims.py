@@ -2,7 +2,7 @@
 
 Every parameter annotation, activation constraint, einsum string and layout string uses these
 names (Mesh-TensorFlow's, so the papers' layout strings run as written). The letter is the one
-used in variable suffixes (``x_BLD``) and einsum subscripts.
+used in variable suffixes (``x_BLD``) and einsum subscripts; tests/test_dims.py checks both.
 """
 
 VOCABULARY: dict[str, tuple[str, str]] = {
@@ -20,7 +20,12 @@ VOCABULARY: dict[str, tuple[str, str]] = {
     "group_size": ("N", "tokens per group"),
     "relpos_buckets": ("R", "relative-position buckets"),
     "picks": ("P", "experts picked per token (the k of top-k routing)"),
+    "assignments": ("A", "(token, picked expert) pairs of dropless dispatch"),
+    "beams": ("W", "hypotheses kept per example in beam search (its width)"),
 }
+
+# Where both occur, these letters stand for the length of the source and of the target.
+LENGTH_LETTERS = {"S": "source length", "T": "target length"}
 
 NAMES = tuple(VOCABULARY)
 LETTERS = {name: letter for name, (letter, _) in VOCABULARY.items()}

@@ -14,8 +14,10 @@ all-to-all and come back with another (expert weights never move). The exchange 
 sized for the worst case (every local token picking one device's experts): n x the local
 tokens for n expert shards, the price of static shapes without drops.
 
-Shapes: T local tokens, A = T*P assignments, M rows entering the experts, R padded rows,
-J blocks, E experts (on this device).
+Shapes (switchzoo.dims): N local tokens (all of them are routed together, one group),
+P picks per token, A assignments ((token, pick) pairs: N*P, or the n*A a device receives in
+the exchange), E experts on this device, D and F the model and hidden widths. The block loop's
+padded rows and blocks are named, not lettered (``x_padded``, ``block_expert``).
 """
 from __future__ import annotations
 
@@ -26,10 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from switchzoo.layers import dropout
+from switchzoo.layers import dropout, mlp
 from switchzoo.layout import Layout, LayoutError, spec_axes
-
-IMPLS = ("auto", "blocks", "ragged_dot")
 
 
 def resolve(impl: str) -> str:
@@ -48,48 +48,48 @@ def _dot(a, b, contract: tuple[int, int]):
                                preferred_element_type=jnp.float32)
 
 
-def _block_loop(x_RK, w_EKF, block_e_J, num_blocks, block: int, transpose: bool):
-    """out[rows of block j] = x[rows of block j] . w[block_e[j]] (its transpose if asked) for
-    the first num_blocks blocks (a loop with a traced trip count, so empty blocks cost nothing);
-    zero elsewhere."""
-    R = x_RK.shape[0]
-    F = w_EKF.shape[1] if transpose else w_EKF.shape[2]
+def _block_loop(x, w, block_expert, num_blocks, block: int, transpose: bool):
+    """out[rows of block j] = x[rows of block j] . w[block_expert[j]] (its transpose if asked),
+    x [rows, in], w [experts, in, out], for the first num_blocks blocks (a loop with a traced
+    trip count, so empty blocks cost nothing); zero elsewhere."""
+    width = w.shape[1] if transpose else w.shape[2]
 
     def body(j, out):
-        x_blk = jax.lax.dynamic_slice_in_dim(x_RK, j * block, block, 0)
-        w_j = jax.lax.dynamic_index_in_dim(w_EKF, block_e_J[j], 0, keepdims=False)
+        x_blk = jax.lax.dynamic_slice_in_dim(x, j * block, block, 0)
+        w_j = jax.lax.dynamic_index_in_dim(w, block_expert[j], 0, keepdims=False)
         y = _dot(x_blk, w_j, (1, 1) if transpose else (1, 0))
         return jax.lax.dynamic_update_slice_in_dim(out, y.astype(out.dtype), j * block, 0)
 
-    return jax.lax.fori_loop(0, num_blocks, body, jnp.zeros((R, F), x_RK.dtype))
+    return jax.lax.fori_loop(0, num_blocks, body, jnp.zeros((x.shape[0], width), x.dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def block_matmul(x_RD, w_EDF, block_e_J, num_blocks, block: int):
-    """[R, D] x [E, D, F] -> [R, F], block j of ``block`` rows using expert block_e_J[j]."""
-    return _block_loop(x_RD, w_EDF, block_e_J, num_blocks, block, transpose=False)
+def block_matmul(x, w_EDF, block_expert, num_blocks, block: int):
+    """x [rows, D] x w [E, D, F] -> [rows, F], block j of ``block`` rows using expert
+    block_expert[j]."""
+    return _block_loop(x, w_EDF, block_expert, num_blocks, block, transpose=False)
 
 
-def _block_matmul_fwd(x_RD, w_EDF, block_e_J, num_blocks, block):
-    return block_matmul(x_RD, w_EDF, block_e_J, num_blocks, block), (x_RD, w_EDF, block_e_J,
-                                                                      num_blocks)
+def _block_matmul_fwd(x, w_EDF, block_expert, num_blocks, block):
+    return block_matmul(x, w_EDF, block_expert, num_blocks, block), (x, w_EDF, block_expert,
+                                                                     num_blocks)
 
 
-def _block_matmul_bwd(block, res, g_RF):
-    x_RD, w_EDF, block_e_J, num_blocks = res
-    dx_RD = _block_loop(g_RF, w_EDF, block_e_J, num_blocks, block, transpose=True)
+def _block_matmul_bwd(block, res, g):
+    x, w_EDF, block_expert, num_blocks = res
+    dx = _block_loop(g, w_EDF, block_expert, num_blocks, block, transpose=True)
 
     def body(j, dw_EDF):
-        x_blk = jax.lax.dynamic_slice_in_dim(x_RD, j * block, block, 0)
-        g_blk = jax.lax.dynamic_slice_in_dim(g_RF, j * block, block, 0)
-        e = block_e_J[j]
+        x_blk = jax.lax.dynamic_slice_in_dim(x, j * block, block, 0)
+        g_blk = jax.lax.dynamic_slice_in_dim(g, j * block, block, 0)
+        e = block_expert[j]
         dw_DF = _dot(x_blk, g_blk, (0, 0))
         old = jax.lax.dynamic_index_in_dim(dw_EDF, e, 0, keepdims=True)
         return jax.lax.dynamic_update_index_in_dim(dw_EDF, old + dw_DF[None].astype(old.dtype),
                                                    e, 0)
 
     dw_EDF = jax.lax.fori_loop(0, num_blocks, body, jnp.zeros_like(w_EDF))
-    return dx_RD, dw_EDF, None, None
+    return dx, dw_EDF, None, None
 
 
 block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
@@ -97,69 +97,50 @@ block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
 
 # -------------------------------------------------------------------- experts on sorted rows
 
-class Weights:
-    """One device's expert weights: wi [E, D, F] (or wi_0 and wi_1 when gated), wo [E, F, D]."""
-
-    def __init__(self, wi=None, wo=None, wi_0=None, wi_1=None):
-        self.wi, self.wo, self.wi_0, self.wi_1 = wi, wo, wi_0, wi_1
-
-    @property
-    def num_experts(self) -> int:
-        return self.wo.shape[0]
-
-
-def _mlp(grouped, x, w: Weights, dropout_fn):
-    if w.wi is None:
-        h = jax.nn.gelu(grouped(x, w.wi_0), approximate=True) * grouped(x, w.wi_1)
-    else:
-        h = jax.nn.relu(grouped(x, w.wi))
-    return grouped(dropout_fn(h), w.wo)
-
-
-def run_experts(x_MD, expert_M, w: Weights, impl: str = "blocks", block: int = 128,
+def run_experts(x_AD, expert_A, w: dict, impl: str = "blocks", block: int = 128,
                 dropout_fn=lambda h: h):
-    """Each row through its expert's MLP (unweighted); rows with expert id >= E get zero."""
-    E = w.num_experts
-    M, D = x_MD.shape
-    order = jnp.argsort(expert_M, stable=True)
-    e_sorted = expert_M[order]
-    counts_E = jnp.bincount(jnp.minimum(expert_M, E), length=E + 1)[:E].astype(jnp.int32)
+    """Each assignment through its expert's MLP (layers.mlp, unweighted), ``w`` one device's
+    expert weights ({"wi" or "wi_0"/"wi_1": [E, D, F], "wo": [E, F, D]}); assignments with
+    expert id >= E get zero."""
+    E = w["wo"].shape[0]
+    A, D = x_AD.shape
+    order_A = jnp.argsort(expert_A, stable=True)
+    expert_sorted_A = expert_A[order_A]
+    counts_E = jnp.bincount(jnp.minimum(expert_A, E), length=E + 1)[:E].astype(jnp.int32)
     if impl == "ragged_dot":
-        x_sorted = x_MD[order]
-
         def grouped(x, weight):
             return jax.lax.ragged_dot(x, weight.astype(x.dtype), counts_E)
 
-        y_sorted = _mlp(grouped, x_sorted, w, dropout_fn)
-        y_sorted = jnp.where((e_sorted < E)[:, None], y_sorted, 0)
-        return jnp.zeros_like(y_sorted).at[order].set(y_sorted)
+        y_sorted_AD = mlp(x_AD[order_A], w, grouped, dropout_fn=dropout_fn)
+        y_sorted_AD = jnp.where((expert_sorted_A < E)[:, None], y_sorted_AD, 0)
+        return jnp.zeros_like(y_sorted_AD).at[order_A].set(y_sorted_AD)
 
-    # Blocks: pad each expert's rows to a multiple of the block size.
-    block = min(block, max(8, 1 << (M - 1).bit_length()))       # no bigger than needed
+    # Blocks: pad each expert's assignments to a multiple of the block size.
+    block = min(block, max(8, 1 << (A - 1).bit_length()))       # no bigger than needed
     padded_E = (counts_E + block - 1) // block * block
     padded_end_E = jnp.cumsum(padded_E)
     start_E = jnp.cumsum(counts_E) - counts_E
-    R = math.ceil((M + E * (block - 1)) / block) * block           # static bound on padded rows
-    valid = e_sorted < E
-    e_clip = jnp.minimum(e_sorted, E - 1)
-    rank = jnp.arange(M) - start_E[e_clip]
-    row_M = jnp.where(valid, padded_end_E[e_clip] - padded_E[e_clip] + rank, R)
-    x_RD = jnp.zeros((R, D), x_MD.dtype).at[row_M].set(x_MD[order], mode="drop")
+    rows = math.ceil((A + E * (block - 1)) / block) * block        # static bound on padded rows
+    valid_A = expert_sorted_A < E
+    clipped_A = jnp.minimum(expert_sorted_A, E - 1)
+    rank_A = jnp.arange(A) - start_E[clipped_A]
+    row_A = jnp.where(valid_A, padded_end_E[clipped_A] - padded_E[clipped_A] + rank_A, rows)
+    x_padded = jnp.zeros((rows, D), x_AD.dtype).at[row_A].set(x_AD[order_A], mode="drop")
     num_blocks = padded_end_E[-1] // block
-    block_e_J = jnp.minimum(jnp.searchsorted(padded_end_E, jnp.arange(R // block) * block,
-                                             side="right"), E - 1).astype(jnp.int32)
+    block_expert = jnp.minimum(jnp.searchsorted(padded_end_E, jnp.arange(rows // block) * block,
+                                                side="right"), E - 1).astype(jnp.int32)
 
     def grouped(x, weight):
-        return block_matmul(x, weight.astype(x.dtype), block_e_J, num_blocks, block)
+        return block_matmul(x, weight.astype(x.dtype), block_expert, num_blocks, block)
 
-    y_RD = _mlp(grouped, x_RD, w, dropout_fn)
-    y_sorted = jnp.take(y_RD, row_M, axis=0, mode="fill", fill_value=0)
-    return jnp.zeros_like(y_sorted).at[order].set(y_sorted)
+    y_padded = mlp(x_padded, w, grouped, dropout_fn=dropout_fn)
+    y_sorted_AD = jnp.take(y_padded, row_A, axis=0, mode="fill", fill_value=0)
+    return jnp.zeros_like(y_sorted_AD).at[order_A].set(y_sorted_AD)
 
 
 # ------------------------------------------------------------------------ the whole layer
 
-def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, rng=None, *, num_experts: int,
+def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: dict, rng=None, *, num_experts: int,
            expert_axes: tuple, ff_axes: tuple, exchange: bool, impl: str, block: int,
            rate: float):
     """One device's share (or the whole layer, with no axes)."""
@@ -168,8 +149,8 @@ def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, rng=None, *, num_e
     dropout_fn = functools.partial(dropout, rate=rate, rng=rng)
     B, L, D = x_BLD.shape
     P = index_BLP.shape[-1]
-    x_TD = x_BLD.reshape(B * L, D)
-    E_local = w.num_experts
+    x_ND = x_BLD.reshape(B * L, D)
+    E_local = w["wo"].shape[0]
     n = num_experts // E_local
     token_A = jnp.repeat(jnp.arange(B * L), P)
     expert_A = jnp.where(jnp.repeat(valid_BL.reshape(-1), P), index_BLP.reshape(-1),
@@ -186,8 +167,8 @@ def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, rng=None, *, num_e
         count_n = jnp.bincount(dest_s, length=n + 1)[:n]
         start_n = jnp.cumsum(count_n) - count_n
         slot_s = jnp.arange(A) - start_n[jnp.minimum(dest_s, n - 1)]
-        send_x = jnp.zeros((n, A, D), x_TD.dtype).at[dest_s, slot_s].set(
-            x_TD[token_A[order]], mode="drop")
+        send_x = jnp.zeros((n, A, D), x_ND.dtype).at[dest_s, slot_s].set(
+            x_ND[token_A[order]], mode="drop")
         send_e = jnp.full((n, A), E_local, jnp.int32).at[dest_s, slot_s].set(
             e_s % E_local, mode="drop")
         recv_x = jax.lax.all_to_all(send_x, expert_axes, 0, 0)
@@ -197,7 +178,7 @@ def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, rng=None, *, num_e
             y = jax.lax.psum(y, ff_axes)
         back = jax.lax.all_to_all(y.reshape(n, A, D), expert_axes, 0, 0)
         out_s = back.at[dest_s, slot_s].get(mode="fill", fill_value=0)
-        return jnp.zeros_like(x_TD).at[token_A[order]].add(gate_A[order][:, None] * out_s
+        return jnp.zeros_like(x_ND).at[token_A[order]].add(gate_A[order][:, None] * out_s
                                                            ).reshape(B, L, D)
 
     # Tokens are replicated over the expert axes (or there are none): each device runs its own
@@ -205,11 +186,11 @@ def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, rng=None, *, num_e
     first = (jax.lax.axis_index(expert_axes) * E_local) if expert_axes else 0
     local = expert_A - first
     local = jnp.where((local >= 0) & (local < E_local), local, E_local)
-    y = run(x_TD[token_A], local)
-    y_TD = jnp.zeros_like(x_TD).at[token_A].add(gate_A[:, None] * y)
+    y = run(x_ND[token_A], local)
+    y_ND = jnp.zeros_like(x_ND).at[token_A].add(gate_A[:, None] * y)
     if expert_axes or ff_axes:
-        y_TD = jax.lax.psum(y_TD, tuple(expert_axes) + tuple(ff_axes))
-    return y_TD.reshape(B, L, D)
+        y_ND = jax.lax.psum(y_ND, tuple(expert_axes) + tuple(ff_axes))
+    return y_ND.reshape(B, L, D)
 
 
 def plan(layout: Layout, x_shape, w_shapes: dict):
@@ -247,28 +228,28 @@ def supports(layout: Layout | None, x_shape, w_shapes: dict) -> bool:
     return True
 
 
-def layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: Weights, num_experts: int,
+def layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: dict, num_experts: int,
           layout: Layout | None, impl: str = "auto", block: int = 128, rate: float = 0.0,
           rng=None):
     """y_BLD = sum over picks of gate * expert(x), every pick served; expert dropout at ``rate``
-    with ``rng``. ``layout`` None (or a one-device mesh): computed in place; else per device
-    under shard_map."""
+    with ``rng``. ``w``: the expert weights (layers.ffn_weights). ``layout`` None (or a
+    one-device mesh): computed in place; else per device under shard_map."""
     kw = dict(num_experts=num_experts, impl=resolve(impl), block=block, rate=rate)
     if layout is None or layout.mesh.size == 1:
         return _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w, rng, expert_axes=(),
                       ff_axes=(), exchange=False, **kw)
-    names = [k for k in ("wi", "wo", "wi_0", "wi_1") if getattr(w, k) is not None]
+    names = list(w)
     expert_axes, ff_axes, exchange, x_spec, specs = plan(
-        layout, x_BLD.shape, {k: getattr(w, k).shape for k in names})
+        layout, x_BLD.shape, {k: v.shape for k, v in w.items()})
     body = functools.partial(_layer, expert_axes=expert_axes, ff_axes=ff_axes,
                              exchange=exchange, **kw)
 
     def per_device(x, idx, gates, valid, rng, *ws):
-        return body(x, idx, gates, valid, Weights(**dict(zip(names, ws))), rng)
+        return body(x, idx, gates, valid, dict(zip(names, ws)), rng)
 
     tok = PartitionSpec(*x_spec)
     in_specs = (tok, tok, tok, PartitionSpec(*tuple(x_spec)[:2]),
                 None if rng is None else PartitionSpec(), *(specs[k] for k in names))
     fn = jax.shard_map(per_device, mesh=layout.mesh, in_specs=in_specs, out_specs=tok,
                        check_vma=False)
-    return fn(x_BLD, index_BLP, gates_BLP, valid_BL, rng, *(getattr(w, k) for k in names))
+    return fn(x_BLD, index_BLP, gates_BLP, valid_BL, rng, *(w[k] for k in names))

@@ -15,8 +15,8 @@ import re
 import jax
 import numpy as np
 
-from switchzoo import layout as layout_lib
-from switchzoo import tensorfile, training
+from switchzoo import atomic, tensorfile
+from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig, MoeConfig
 
 INDEX = "model.safetensors.index.json"
@@ -28,6 +28,15 @@ LIST_AT_MOST = 8
 
 class CheckpointError(ValueError):
     """A Hugging Face directory that does not match what it claims to hold."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+    """A Hugging Face directory, read but not loaded: its config.json as written, our
+    ModelConfig of it, and {tensor name: the safetensors file holding it}."""
+    hf_config: dict
+    cfg: ModelConfig
+    files: dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +106,9 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 
 # ------------------------------------------------------------------------------------- mapping
 
-def sources(cfg: ModelConfig, params) -> dict[tuple, Source]:
-    """{our parameter path: its Source} for an encoder-decoder's abstract params."""
+def sources(cfg: ModelConfig, params) -> dict[str, Source]:
+    """{our parameter path ('decoder/layers/1/ffn/wi'): its Source} for an encoder-decoder's
+    abstract params."""
     out = {("embed", "embedding"): Source(("shared.weight",), False, False)}
     if not cfg.tie_embeddings:
         out[("lm_head",)] = Source(("lm_head.weight",), True, False)
@@ -131,16 +141,16 @@ def sources(cfg: ModelConfig, params) -> dict[tuple, Source]:
             else:
                 for w in ("wi", "wo"):
                     out[mine + ("ffn", w)] = Source((f"{mlp}.{w}.weight",), True, False)
-    return out
+    return {state_lib.path_name(path): src for path, src in out.items()}
 
 
-def hf_shape(source: Source, shape, path: tuple) -> tuple[int, ...]:
+def hf_shape(source: Source, shape, path: str) -> tuple[int, ...]:
     """The shape of one HF tensor behind our parameter of ``shape`` at ``path``."""
     single = tuple(shape[1:] if source.stacked else shape)
     if not source.transpose:
         return single
     if len(single) == 3:       # attention: q/k/v [D, H, K] <- [H*K, D]; o [H, K, D] <- [D, H*K]
-        return ((single[1] * single[2], single[0]) if path[-1] != "o"
+        return ((single[1] * single[2], single[0]) if not path.endswith("/o")
                 else (single[2], single[0] * single[1]))
     return single[::-1]
 
@@ -189,7 +199,8 @@ def _listing(names) -> str:
     return ", ".join(names[:LIST_AT_MOST]) + more
 
 
-def read_config(path) -> tuple[dict, ModelConfig, dict[str, tensorfile.TensorFile]]:
+def read_config(path) -> Pretrained:
+    """The config and tensor index of a Hugging Face directory (no weights read yet)."""
     path = pathlib.Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory; pass a Hugging Face model directory "
@@ -207,7 +218,7 @@ def read_config(path) -> tuple[dict, ModelConfig, dict[str, tensorfile.TensorFil
         raise CheckpointError(str(e)) from None
     sparse = {s: _sparse_layers(files, s) for s in ("encoder", "decoder")}
     try:
-        return hf, config_from_hf(hf, sparse), files
+        return Pretrained(hf, config_from_hf(hf, sparse), files)
     except KeyError as e:
         raise CheckpointError(f"{path / 'config.json'} lacks the key {e}") from None
 
@@ -243,24 +254,24 @@ def check(cfg: ModelConfig, params, files: dict) -> dict[tuple, Source]:
     return srcs
 
 
-def _leaf(tree, path):
-    for k in path:
-        tree = tree[k]
+def _leaf(tree, path: str):
+    for k in path.split("/"):
+        tree = tree[k] if k in tree else tree[int(k)]
     return tree
 
 
-def load_params(cfg: ModelConfig, files: dict, layout: layout_lib.Layout):
-    """Places every tensor into its sharding, reading only the shards this process holds.
-    Returns (graphdef, params, file facts: each tensor's dtype and the aliases present)."""
-    graphdef, abstract, dims = training.abstract_model(cfg)
-    srcs = check(cfg, abstract, files)
+def load_params(pretrained: Pretrained, setup: state_lib.Setup):
+    """Places every tensor into its sharding (``setup``: state.setup of ``pretrained.cfg``,
+    without an optimizer), reading only the shards this process holds. Returns (params, file
+    facts: each tensor's dtype and the aliases present)."""
+    files = pretrained.files
+    srcs = check(pretrained.cfg, setup.abstract_params, files)
     facts = {"aliases": [a for a in ALIASES if a in files], "dtypes": {}}
 
-    def place(path, leaf):
-        path = tuple(map(training._key, path))
-        src = srcs[path]
-        sharding = layout.sharding(dims[path], leaf.shape, "/".join(map(str, path)))
-        facts["dtypes"]["/".join(map(str, path))] = str(files[src.names[0]].dtype(src.names[0]))
+    def place(path, leaf, sharding):
+        name = state_lib.path_name(path)
+        src = srcs[name]
+        facts["dtypes"][name] = str(files[src.names[0]].dtype(src.names[0]))
         if src.stacked:
             def shard(index):
                 experts = range(*index[0].indices(leaf.shape[0]))
@@ -273,8 +284,9 @@ def load_params(cfg: ModelConfig, files: dict, layout: layout_lib.Layout):
                 return whole[index]
         return jax.make_array_from_callback(leaf.shape, sharding, shard)
 
-    params = jax.tree_util.tree_map_with_path(place, abstract)
-    return graphdef, params, facts
+    params = jax.tree_util.tree_map_with_path(place, setup.abstract_params,
+                                              setup.param_shardings)
+    return params, facts
 
 
 def save(path, cfg: ModelConfig, params, hf_config: dict | None = None,
@@ -290,7 +302,7 @@ def save(path, cfg: ModelConfig, params, hf_config: dict | None = None,
     specs, makers = {}, {}
     for key, src in sources(cfg, params).items():
         leaf = _leaf(params, key)
-        dtype = np.dtype(dtypes.get("/".join(map(str, key)), "float32"))
+        dtype = np.dtype(dtypes.get(key, "float32"))
         shape = hf_shape(src, leaf.shape, key)
         for e, name in enumerate(src.names):
             specs[name] = (shape, dtype)
@@ -302,4 +314,4 @@ def save(path, cfg: ModelConfig, params, hf_config: dict | None = None,
     for alias in facts.get("aliases", [] if cfg.tie_embeddings else list(ALIASES)):
         specs[alias], makers[alias] = specs["shared.weight"], makers["shared.weight"]
     tensorfile.write(path / SINGLE, specs, makers, {"format": "pt"})
-    (path / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    atomic.write_text(path / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")

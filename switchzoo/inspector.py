@@ -22,7 +22,8 @@ import numpy as np
 
 from switchzoo import layout as layout_lib
 from switchzoo import moe as moe_lib
-from switchzoo import training, zoo
+from switchzoo import state as state_lib
+from switchzoo import steps, zoo
 
 COLLECTIVES = ("all-to-all", "all-reduce", "all-gather", "reduce-scatter", "collective-permute")
 # An instruction is "%name = SHAPE op(operands)"; SHAPE may be a tuple with spaces in it.
@@ -33,10 +34,6 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
     """Collective ops in compiled HLO text by kind (an async pair counts once, by its start)."""
     counts = collections.Counter(m.group(1) for m in _OP.finditer(hlo_text))
     return {kind: counts.get(kind, 0) for kind in COLLECTIVES}
-
-
-def _name(path) -> str:
-    return "/".join(str(training._key(k)) for k in path)
 
 
 def _bytes_per_device(tree, shardings) -> int:
@@ -100,18 +97,15 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         if cfg.moe is None:
             raise ValueError(f"--group-size: {model} has no Switch layers to route")
         cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, group_size=group_size))
-    mesh_obj = layout_lib.make_mesh(mesh)
-    lay = layout_lib.Layout.create(layout, mesh_obj)
-    tx = training.make_optimizer(optimizer)
-    graphdef, abstract, dims = training.abstract_state(cfg, tx)
-    shardings = training.tree_shardings(lay, abstract, dims, abstract.params)
+    setup = state_lib.setup(cfg, layout, mesh, optimizer=optimizer)
+    mesh_obj, lay, abstract, shardings = setup.mesh, setup.layout, setup.abstract, setup.shardings
     tensors = []
     flat, _ = jax.tree_util.tree_flatten_with_path(abstract.params)
     flat_sh = jax.tree.leaves(shardings.params)
     for (path, x), s in zip(flat, flat_sh):
         local = s.shard_shape(x.shape)
-        tensors.append({"name": _name(path), "shape": list(x.shape),
-                        "dims": list(dims[tuple(map(training._key, path))]),
+        name = state_lib.path_name(path)
+        tensors.append({"name": name, "shape": list(x.shape), "dims": list(setup.dims[name]),
                         "spec": [list(e) if isinstance(e, tuple) else e for e in s.spec],
                         "per_device_shape": list(local),
                         "per_device_bytes": layout_lib.nbytes(local, x.dtype)})
@@ -129,7 +123,7 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
     }
     if compile_step:
         batch_size = batch_size or 2 * mesh_obj.size
-        step = training.make_train_step(graphdef, cfg, tx, lay, shardings)
+        step = steps.make_train_step(setup)
         batch = {k: jax.ShapeDtypeStruct((batch_size, length), dt) for k, dt in
                  (("inputs", np.int32), ("targets", np.int32), ("weights", np.float32))}
         start = time.perf_counter()

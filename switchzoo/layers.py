@@ -1,5 +1,5 @@
 """Named-dimension building blocks: embeddings, RMSNorm, T5 attention with relative-position
-bias, the dense ReLU MLP. Every parameter carries ``dims`` metadata from switchzoo.dims; key
+bias, and the feed-forward MLP (``mlp``) that the dense block and every expert share. Every parameter carries ``dims`` metadata from switchzoo.dims; key
 activations are pinned with ``layout.constrain``. Shapes live in the suffixes (``x_BLD``)."""
 from __future__ import annotations
 
@@ -130,27 +130,53 @@ class Attention(nnx.Module):
         return constrain(out_BTD, ("batch", "length", "d_model"))
 
 
+def ffn_params(rngs: nnx.Rngs, d_model: int, d_ff: int, activation: str,
+               experts: int = 0) -> dict[str, nnx.Param]:
+    """The weights of one feed-forward block (``experts`` > 0: one block per expert, stacked
+    along a leading 'experts' dim): wi, or wi_0 and wi_1 when gated; then wo."""
+    lead, lead_dims = ((experts,), ("experts",)) if experts else ((), ())
+    names = ("wi_0", "wi_1") if activation == "gated-gelu" else ("wi",)
+    out = {name: param(rngs, d_model ** -0.5, lead + (d_model, d_ff),
+                       lead_dims + ("d_model", "d_ff")) for name in names}
+    out["wo"] = param(rngs, d_ff ** -0.5, lead + (d_ff, d_model), lead_dims + ("d_ff", "d_model"))
+    return out
+
+
+FFN_WEIGHTS = ("wi", "wi_0", "wi_1", "wo")
+
+
+def ffn_weights(module: nnx.Module) -> dict:
+    """{name: value} of the feed-forward weights a module holds (made by ``ffn_params``)."""
+    return {k: getattr(module, k)[...] for k in FFN_WEIGHTS if hasattr(module, k)}
+
+
+def mlp(x, w: dict, project, hidden=lambda h: h, dropout_fn=lambda h: h):
+    """The one feed-forward computation: relu(x wi) wo, or T5 v1.1's gated GELU,
+    (gelu(x wi_0) * x wi_1) wo. The dense block and both Switch dispatches differ only in
+    ``project(x, weight)``, the matmul of their layout (one weight for every token, a batch of
+    per-expert weights, or a matmul grouped by expert); ``hidden`` pins the hidden activation
+    (layout.constrain) before ``dropout_fn``."""
+    if "wi" in w:
+        h = jax.nn.relu(project(x, w["wi"]))
+    else:
+        h = jax.nn.gelu(project(x, w["wi_0"]), approximate=True) * project(x, w["wi_1"])
+    return project(dropout_fn(hidden(h)), w["wo"])
+
+
 class Mlp(nnx.Module):
-    """Dense feed-forward block: ReLU, or gated GELU (T5 v1.1: gelu(x wi_0) * (x wi_1))."""
+    """Dense feed-forward block: ReLU, or gated GELU (T5 v1.1), dropout ``rate`` inside."""
 
-    def __init__(self, d_model: int, d_ff: int, rngs: nnx.Rngs, activation: str = "relu"):
-        self.gated = activation == "gated-gelu"
-        if self.gated:
-            self.wi_0 = param(rngs, d_model ** -0.5, (d_model, d_ff), ("d_model", "d_ff"))
-            self.wi_1 = param(rngs, d_model ** -0.5, (d_model, d_ff), ("d_model", "d_ff"))
-        else:
-            self.wi = param(rngs, d_model ** -0.5, (d_model, d_ff), ("d_model", "d_ff"))
-        self.wo = param(rngs, d_ff ** -0.5, (d_ff, d_model), ("d_ff", "d_model"))
+    def __init__(self, d_model: int, d_ff: int, rngs: nnx.Rngs, activation: str = "relu",
+                 rate: float = 0.0):
+        for name, value in ffn_params(rngs, d_model, d_ff, activation).items():
+            setattr(self, name, value)
+        self.rate = rate
 
-    def __call__(self, x_BLD, rate: float = 0.0, rng=None, valid_BL=None):
-        del valid_BL                         # the same interface as SwitchFFN
-        dt = x_BLD.dtype
-        if self.gated:
-            gate_BLF = jnp.einsum("BLD,DF->BLF", x_BLD, self.wi_0[...].astype(dt))
-            h_BLF = jax.nn.gelu(gate_BLF, approximate=True) * jnp.einsum(
-                "BLD,DF->BLF", x_BLD, self.wi_1[...].astype(dt))
-        else:
-            h_BLF = jax.nn.relu(jnp.einsum("BLD,DF->BLF", x_BLD, self.wi[...].astype(dt)))
-        h_BLF = dropout(constrain(h_BLF, ("batch", "length", "d_ff")), rate, rng)
-        y_BLD = jnp.einsum("BLF,FD->BLD", h_BLF, self.wo[...].astype(dt))
-        return constrain(y_BLD, ("batch", "length", "d_model")), {}
+    def __call__(self, x_BLD, rng=None):
+        def project(x, w):          # [B, L, in] x [in, out]
+            return jax.lax.dot_general(x, w.astype(x.dtype), (((2,), (0,)), ((), ())))
+
+        y_BLD = mlp(x_BLD, ffn_weights(self), project,
+                    hidden=lambda h: constrain(h, ("batch", "length", "d_ff")),
+                    dropout_fn=lambda h: dropout(h, self.rate, rng))
+        return constrain(y_BLD, ("batch", "length", "d_model"))

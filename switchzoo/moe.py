@@ -1,5 +1,5 @@
 """The Switch feed-forward layer: route tokens within groups, dispatch them to experts by einsum,
-run each expert's ReLU MLP, combine. With the experts dim laid out over a mesh axis, the
+run each expert's MLP (layers.mlp, the dense block's), combine. With the experts dim laid out over a mesh axis, the
 dispatch and combine einsums compile to all-to-all (tokens move; expert weights stay put)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from flax import nnx
 
 from switchzoo import dropless
 from switchzoo.config import MoeConfig
-from switchzoo.layers import dropout, param, split
+from switchzoo.layers import dropout, ffn_params, ffn_weights, mlp, split
 from switchzoo.layout import LayoutError, active, constrain
 from switchzoo.routing import Router, choose, route
 
@@ -32,23 +32,17 @@ class SwitchFFN(nnx.Module):
 
     def __init__(self, d_model: int, d_ff: int, cfg: MoeConfig, rngs: nnx.Rngs,
                  activation: str = "relu"):
-        E = cfg.num_experts
-        self.cfg, self.gated = cfg, activation == "gated-gelu"
-        self.router = Router(d_model, E, rngs)
-        dims = ("experts", "d_model", "d_ff")
-        if self.gated:
-            self.wi_0 = param(rngs, d_model ** -0.5, (E, d_model, d_ff), dims)
-            self.wi_1 = param(rngs, d_model ** -0.5, (E, d_model, d_ff), dims)
-        else:
-            self.wi = param(rngs, d_model ** -0.5, (E, d_model, d_ff), dims)
-        self.wo = param(rngs, d_ff ** -0.5, (E, d_ff, d_model), ("experts", "d_ff", "d_model"))
+        self.cfg = cfg
+        self.router = Router(d_model, cfg.num_experts, rngs)
+        for name, value in ffn_params(rngs, d_model, d_ff, activation, cfg.num_experts).items():
+            setattr(self, name, value)
 
-    def __call__(self, x_BLD, rate: float = 0.0, rng=None, valid_BL=None):
+    def __call__(self, x_BLD, rng=None, valid_BL=None):
         """Returns y_BLD (zero for dropped tokens) and the routing losses and metrics.
 
-        ``rng`` None means evaluation: no jitter, no dropout, the eval capacity factor. ``rate``
-        (the dense layers' dropout) is not used: experts drop at ``moe.expert_dropout``.
-        ``valid_BL`` false marks padding, which is not routed (it takes no expert capacity).
+        ``rng`` None means evaluation: no jitter, no dropout, the eval capacity factor. Experts
+        drop at ``moe.expert_dropout`` (not the dense layers' rate). ``valid_BL`` false marks
+        padding, which is not routed (it takes no expert capacity).
         """
         cfg, dt = self.cfg, x_BLD.dtype
         train = rng is not None
@@ -80,15 +74,14 @@ class SwitchFFN(nnx.Module):
         x_EGCD = jnp.einsum("GND,GNEC->EGCD", x_GND, dispatch_GNEC)
         x_EGCD = constrain(x_EGCD, (None, "groups", "expert_capacity", "d_model"))
         x_EGCD = constrain(x_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
-        if self.gated:
-            gate_EGCF = jnp.einsum("EGCD,EDF->EGCF", x_EGCD, self.wi_0[...].astype(dt))
-            h_EGCF = jax.nn.gelu(gate_EGCF, approximate=True) * jnp.einsum(
-                "EGCD,EDF->EGCF", x_EGCD, self.wi_1[...].astype(dt))
-        else:
-            h_EGCF = jax.nn.relu(jnp.einsum("EGCD,EDF->EGCF", x_EGCD, self.wi[...].astype(dt)))
-        h_EGCF = constrain(h_EGCF, ("experts", "groups", "expert_capacity", "d_ff"))
-        h_EGCF = dropout(h_EGCF, cfg.expert_dropout, drop_rng)
-        y_EGCD = jnp.einsum("EGCF,EFD->EGCD", h_EGCF, self.wo[...].astype(dt))
+
+        def project(x, w):          # per expert: [E, G, C, in] x [E, in, out]
+            return jax.lax.dot_general(x, w.astype(dt), (((3,), (1,)), ((0,), (0,))))
+
+        y_EGCD = mlp(x_EGCD, ffn_weights(self), project,
+                     hidden=lambda h: constrain(h, ("experts", "groups", "expert_capacity",
+                                                    "d_ff")),
+                     dropout_fn=lambda h: dropout(h, cfg.expert_dropout, drop_rng))
         y_EGCD = constrain(y_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
         y_EGCD = constrain(y_EGCD, (None, "groups", "expert_capacity", "d_model"))
         y_GND = jnp.einsum("EGCD,GNEC->GND", y_EGCD, combine_GNEC)
@@ -96,12 +89,9 @@ class SwitchFFN(nnx.Module):
         stats = {"aux_loss": r.aux_loss, "z_loss": r.z_loss, **r.metrics}
         return y_GND.reshape(B, L, D), stats
 
-    def _weight_names(self):
-        return ("wi_0", "wi_1", "wo") if self.gated else ("wi", "wo")
-
     def _dropless_runs(self, x_shape) -> bool:
         return dropless.supports(active(), x_shape,
-                                 {k: getattr(self, k).shape for k in self._weight_names()})
+                                 {k: v.shape for k, v in ffn_weights(self).items()})
 
     def _dropless(self, x_BLD, logits_GNE, valid_GN, drop_rng):
         """Every pick served: sort by expert, grouped matmul (switchzoo/dropless.py)."""
@@ -110,9 +100,8 @@ class SwitchFFN(nnx.Module):
         c = choose(logits_GNE, cfg.top_k, cfg.normalize_top_k, valid_GN)
         valid_BL = (jnp.ones((B, L), bool) if valid_GN is None
                     else valid_GN.reshape(B, L).astype(bool))
-        weights = dropless.Weights(**{k: getattr(self, k)[...] for k in self._weight_names()})
         y_BLD = dropless.layer(x_BLD, c.index_GNP.reshape(B, L, -1),
-                               c.gates_GNP.reshape(B, L, -1), valid_BL, weights,
+                               c.gates_GNP.reshape(B, L, -1), valid_BL, ffn_weights(self),
                                cfg.num_experts, active(), cfg.grouped_matmul, cfg.block_size,
                                cfg.expert_dropout, drop_rng)
         stats = {"aux_loss": c.aux_loss, "z_loss": c.z_loss,

@@ -1,11 +1,12 @@
-"""Catalogues kept as data files in the repository (models/*.py, configs/tables/*.py): each
-folder is read once per process, and names are looked up with a suggestion for a near miss."""
+"""Catalogues shipped as data inside the package (switchzoo.models, switchzoo.configs.tables):
+each is imported once per process, and names are looked up with a suggestion for a near miss."""
 from __future__ import annotations
 
 import difflib
 import functools
-import importlib.util
-import pathlib
+import importlib
+import pkgutil
+import types
 
 
 def suggest(word: str, options) -> str:
@@ -23,15 +24,14 @@ def lookup(entries: dict, name: str, what: str):
 
 
 @functools.cache
-def modules(directory: pathlib.Path, first: str = "") -> tuple:
-    """((path, module), ...) of the folder's *.py files (``first`` leading, then by name)."""
-    out = []
-    for path in sorted(directory.glob("*.py"), key=lambda p: (p.stem != first, p.stem)):
-        if path.name.startswith("_"):
-            continue
-        spec = importlib.util.spec_from_file_location(
-            f"switchzoo_{directory.name}_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        out.append((path, module))
-    return tuple(out)
+def modules(package: str, first: str = "") -> tuple[types.ModuleType, ...]:
+    """The public submodules of ``package`` (``first`` leading, then by name), imported."""
+    found = pkgutil.iter_modules(importlib.import_module(package).__path__)
+    stems = sorted((m.name for m in found if not m.ispkg and not m.name.startswith("_")),
+                   key=lambda stem: (stem != first, stem))
+    return tuple(importlib.import_module(f"{package}.{stem}") for stem in stems)
+
+
+def stem(module: types.ModuleType) -> str:
+    """A catalogue module's own name: 'switch' for switchzoo.models.switch."""
+    return module.__name__.rpartition(".")[2]

@@ -72,9 +72,9 @@ def choose(logits_GNE, top_k: int, normalize: bool = True, valid_GN=None) -> Cho
 
     # Switch eq. 4 over first choices (as GShard), so it is 1.0 at perfect balance for any k:
     # E * sum_e f_e * P_e, f_e = fraction of tokens whose first choice is e, P_e = mean prob.
-    per_group_GN = jnp.maximum(jnp.sum(valid_GN, axis=1, keepdims=True), 1.0)
-    fraction_GE = jnp.sum(mask_GNPE[:, :, 0], axis=1) / per_group_GN
-    prob_GE = jnp.sum(probs_GNE * valid_GN[..., None], axis=1) / per_group_GN
+    tokens_G = jnp.maximum(jnp.sum(valid_GN, axis=1), 1.0)          # routed tokens per group
+    fraction_GE = jnp.sum(mask_GNPE[:, :, 0], axis=1) / tokens_G[:, None]
+    prob_GE = jnp.sum(probs_GNE * valid_GN[..., None], axis=1) / tokens_G[:, None]
     aux_loss = jnp.sum(fraction_GE * prob_GE) / jnp.maximum(jnp.sum(jnp.any(valid_GN > 0, 1)),
                                                             1.0) * E
     z_loss = jnp.sum(jnp.square(jax.nn.logsumexp(logits_GNE, axis=-1)) * valid_GN) / count

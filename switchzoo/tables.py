@@ -18,9 +18,9 @@ import math
 import pathlib
 import sys
 
-from switchzoo import evaluation, registry
+from switchzoo import registry, scores
 
-TABLES_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs" / "tables"
+TABLES = "switchzoo.configs.tables"          # the tables package (configs/tables/ in a clone)
 _REQUIRED = ("title", "source", "metric", "columns", "rows", "command")
 # Metrics where a larger number is better; every other metric (loss, perplexities) is lower-better.
 HIGHER_IS_BETTER = {"bleu", "neg_log_perplexity"}
@@ -28,10 +28,11 @@ HIGHER_IS_BETTER = {"bleu", "neg_log_perplexity"}
 
 def _load_all() -> dict[str, dict]:
     tables: dict[str, dict] = {}
-    for path, module in registry.modules(TABLES_DIR):
+    for module in registry.modules(TABLES):
         for suffix, attr in (("", "TABLE"), ("_mini", "MINI")):
             if hasattr(module, attr):
-                tables[path.stem + suffix] = _validate(getattr(module, attr), f"{path}:{attr}")
+                tables[registry.stem(module) + suffix] = _validate(
+                    getattr(module, attr), f"{module.__name__}.{attr}")
     return tables
 
 
@@ -112,7 +113,7 @@ def load_run(run_dir) -> dict:
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_path}: not valid JSON ({e})") from None
-    return {"dir": str(run_dir), "config": config, "results": evaluation.read_results(run_dir)}
+    return {"dir": str(run_dir), "config": config, "results": scores.read_results(run_dir)}
 
 
 def _assign(table: dict, runs: list[dict]):
@@ -142,7 +143,7 @@ def _ours(run: dict | None, key: str):
     results = run["results"]
     if key in results:
         return results[key]
-    return evaluation.routing_summary(results).get(key)
+    return scores.routing_summary(results).get(key)
 
 
 def check_ordering(name: str, run_dirs: list[str]) -> list[dict]:
@@ -158,7 +159,7 @@ def _check(claim: dict, table: dict, chosen: dict) -> dict:
     higher = metric in HIGHER_IS_BETTER
     better, worse = _as_list(claim["better"]), _as_list(claim["worse"])
     values = {label: _ours(chosen.get(label), metric) for label in better + worse}
-    detail = ", ".join(f"{label}: {evaluation.fmt(v)}" for label, v in values.items())
+    detail = ", ".join(f"{label}: {scores.fmt(v)}" for label, v in values.items())
     if any(v is None for v in values.values()):
         missing = [label for label, v in values.items() if v is None]
         return {"claim": claim["claim"], "holds": None,
@@ -179,9 +180,9 @@ def collect(name: str, run_dirs: list[str]) -> str:
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table["rows"]:
         run = chosen.get(row["label"])
-        cells = [row["label"]] + [evaluation.fmt(row["published"].get(k), exact=True)
+        cells = [row["label"]] + [scores.fmt(row["published"].get(k), exact=True)
                                   for k, _ in table["columns"]]
-        cells += [evaluation.fmt(_ours(run, k)) for k, _ in ours]
+        cells += [scores.fmt(_ours(run, k)) for k, _ in ours]
         cells.append(run["dir"] if run else ("no catalogue model" if row["match"] is None
                                              else "\u2014"))
         lines.append("| " + " | ".join(cells) + " |")

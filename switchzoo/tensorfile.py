@@ -12,6 +12,8 @@ import struct
 import ml_dtypes
 import numpy as np
 
+from switchzoo import atomic
+
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
           "BOOL": np.bool_}
@@ -88,9 +90,7 @@ def write(path: str | os.PathLike, specs: dict, makers: dict, metadata=None) -> 
         header = {"__metadata__": metadata, **header}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)                       # keep tensor data 8-byte aligned
-    path = pathlib.Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic.replacing(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for name in sorted(specs):
@@ -99,7 +99,6 @@ def write(path: str | os.PathLike, specs: dict, makers: dict, metadata=None) -> 
                 raise TensorFileError(f"tensor {name}: made {a.shape} {a.dtype}, header says "
                                       f"{specs[name]}")
             f.write(a.tobytes())
-    os.replace(tmp, path)
 
 
 def write_arrays(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata=None) -> None:

@@ -31,9 +31,9 @@ class Block(nnx.Module):
             self.cross_norm = RMSNorm(cfg.d_model)
             self.cross = Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, rngs)
         self.ffn_norm = RMSNorm(cfg.d_model)
-        sparse = cfg.moe is not None and cfg.moe.is_sparse(index, encoder)
-        self.ffn = (SwitchFFN(cfg.d_model, cfg.d_ff, cfg.moe, rngs, cfg.activation) if sparse
-                    else Mlp(cfg.d_model, cfg.d_ff, rngs, cfg.activation))
+        self.sparse = cfg.moe is not None and cfg.moe.is_sparse(index, encoder)
+        self.ffn = (SwitchFFN(cfg.d_model, cfg.d_ff, cfg.moe, rngs, cfg.activation) if self.sparse
+                    else Mlp(cfg.d_model, cfg.d_ff, rngs, cfg.activation, cfg.dropout))
 
     def __call__(self, x_BTD, bias_BHTS, mask_BTS, enc_BSD=None, cross_mask_BTS=None, rng=None,
                  valid_BT=None, cache=None, index=None):
@@ -54,7 +54,11 @@ class Block(nnx.Module):
             h_BTD = self.cross.attend(self.cross_norm(x_BTD), *kv, 0.0, cross_mask_BTS,
                                       self.rate, r_cross)
             x_BTD = x_BTD + dropout(h_BTD, self.rate, r2)
-        h_BTD, stats = self.ffn(self.ffn_norm(x_BTD), self.rate, r_ffn, valid_BT)
+        h_BTD = self.ffn_norm(x_BTD)
+        if self.sparse:      # padding (valid_BT false) is not routed
+            h_BTD, stats = self.ffn(h_BTD, r_ffn, valid_BT)
+        else:
+            h_BTD, stats = self.ffn(h_BTD, r_ffn), {}
         x_BTD = x_BTD + dropout(h_BTD, self.rate, r3)
         return constrain(x_BTD, ("batch", "length", "d_model")), stats, cache
 

@@ -12,14 +12,13 @@ import argparse
 import functools
 import json
 import math
-import pathlib
 import re
 import sys
 
 from switchzoo import registry
 from switchzoo.config import ModelConfig, MoeConfig
 
-CATALOGUE_DIR = pathlib.Path(__file__).resolve().parent.parent / "models"
+CATALOGUE = "switchzoo.models"                # the catalogue package (models/ in a clone)
 META_KEYS = ("source", "published", "note")   # catalogue keys that are not ModelConfig fields
 SEQ_LEN = 512                                   # attended length for flops_per_token
 _UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
@@ -28,10 +27,10 @@ _UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
 def _entries() -> dict[str, dict]:
     entries: dict[str, dict] = {}
     # switch.py first, so the catalogue opens with its tiny entries.
-    for _, module in registry.modules(CATALOGUE_DIR, first="switch"):
+    for module in registry.modules(CATALOGUE, first="switch"):
         for name, entry in module.MODELS.items():
             if name in entries:
-                raise ValueError(f"model '{name}' is defined twice in {CATALOGUE_DIR}; rename one")
+                raise ValueError(f"model '{name}' is defined twice in {CATALOGUE}; rename one")
             entries[name] = entry
     return entries
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import switchzoo
-from configs import mini
-from switchzoo import evaluator, hf, tables, tensorfile, trainer
+from switchzoo.configs import mini
+from switchzoo import evaluate, hf, loop, tables, tensorfile
 from switchzoo.data import embedded
 
 ERRORS = (ValueError, FileNotFoundError)
@@ -43,7 +43,7 @@ def snapshot(root: pathlib.Path) -> dict:
 def run(tmp_path_factory):
     """A finished run whose checkpoints every case below must leave alone."""
     workdir = tmp_path_factory.mktemp("run")
-    trainer.train(lm_config(), workdir, print_fn=lambda *_: None)
+    loop.train(lm_config(), workdir, print_fn=lambda *_: None)
     return workdir
 
 
@@ -98,7 +98,7 @@ RUN_CASES = [   # (config fields, message): against the finished run's workdir
 def test_run_level_mistakes(run, fields, message):
     before = snapshot(run)
     with pytest.raises(ERRORS, match=message) as info:
-        trainer.train(lm_config(**fields), run, print_fn=lambda *_: None)
+        loop.train(lm_config(**fields), run, print_fn=lambda *_: None)
     assert "\n" not in str(info.value)
     assert snapshot(run) == before
 
@@ -135,7 +135,7 @@ FRESH_CASES = [  # (config, message): a new workdir
 @pytest.mark.parametrize("case, message", FRESH_CASES)
 def test_configuration_data_and_checkpoint_mistakes(files, hf_dir, tmp_path, case, message):
     with pytest.raises(ERRORS, match=message) as info:
-        trainer.train(case(files, hf_dir), tmp_path / "new", print_fn=lambda *_: None)
+        loop.train(case(files, hf_dir), tmp_path / "new", print_fn=lambda *_: None)
     assert "\n" not in str(info.value)
 
 
@@ -144,7 +144,7 @@ def test_pickle_only_checkpoints_are_refused(hf_dir, tmp_path):
     shutil.copy(hf_dir / "good" / "config.json", tmp_path / "pt")
     (tmp_path / "pt" / "pytorch_model.bin").write_bytes(b"\x80\x04never unpickled")
     with pytest.raises(ERRORS, match=r"pickle files are never loaded"):
-        trainer.train(translation_config(init_from=str(tmp_path / "pt")), tmp_path / "new")
+        loop.train(translation_config(init_from=str(tmp_path / "pt")), tmp_path / "new")
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
@@ -157,13 +157,13 @@ def test_a_damaged_checkpoint_is_refused_and_left_as_it_is(run, tmp_path, damage
             f.write_bytes(data[:len(data) // 2] if damage == "truncate" else b"\0" * len(data))
     before = snapshot(copy)
     with pytest.raises(ERRORS, match=r"checkpoint 3 in .* cannot be restored.*left as it is"):
-        trainer.train(lm_config(num_train_steps=6), copy, print_fn=lambda *_: None)
+        loop.train(lm_config(num_train_steps=6), copy, print_fn=lambda *_: None)
     assert snapshot(copy) == before
 
 
 def test_eval_mistakes(run, tmp_path):
     with pytest.raises(ERRORS, match=r"has no config\.json \(not a training run\)"):
-        evaluator.load_config(tmp_path)
+        evaluate.load_config(tmp_path)
     with pytest.raises(ERRORS, match=r"unknown table 'switch_tabel1' \(did you mean "
                                      r"'switch_table1'\?\)"):
         tables.collect("switch_tabel1", [str(run)])
@@ -171,4 +171,4 @@ def test_eval_mistakes(run, tmp_path):
     empty.mkdir()
     (empty / "config.json").write_text((run / "config.json").read_text())
     with pytest.raises(ERRORS, match=r"holds no complete checkpoint"):
-        evaluator.run(lm_config(), empty, print_fn=lambda *_: None)
+        evaluate.run(lm_config(), empty, print_fn=lambda *_: None)

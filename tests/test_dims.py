@@ -5,7 +5,7 @@ import re
 import jax
 import jax.numpy as jnp
 
-from switchzoo import dims, layout as L, training, transformer, zoo
+from switchzoo import dims, layout as L, state, transformer, zoo
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,7 @@ def names_used_by_models() -> set[str]:
             kinds[key] = cfg
     ids = jnp.ones((2, 16), jnp.int32)
     for cfg in kinds.values():
-        _, _, param_dims = training.abstract_model(cfg)
+        _, _, param_dims = state.abstract_model(cfg)
         used.update(d for ds in param_dims.values() for d in ds)
         def forward(ids):
             model = transformer.build(cfg)
@@ -46,23 +46,57 @@ def names_used_by_models() -> set[str]:
     return used | Recording.seen
 
 
+def source_files():
+    return sorted((ROOT / "switchzoo").rglob("*.py"))
+
+
 def einsum_letters() -> set[str]:
     letters = set()
-    for path in (ROOT / "switchzoo").rglob("*.py"):
+    for path in source_files():
         for spec in re.findall(r'einsum\(\s*"([^"]+)"', path.read_text()):
             letters.update(c for c in spec if c.isalpha())
     return letters
+
+
+# A shape suffix: a lower-case name, an underscore, then capitals ending the word (x_BLD,
+# probs_GNE); constants (NEG_INF) start with a capital and are not suffixes.
+SUFFIX = re.compile(r"\b[a-z][a-z0-9_]*?_([A-Z]+)\b")
+
+
+def suffix_letters() -> dict[str, set[str]]:
+    """{letter: the names using it} over every variable suffix in the library."""
+    found: dict[str, set[str]] = {}
+    for path in source_files():
+        for m in SUFFIX.finditer(path.read_text()):
+            for c in m.group(1):
+                found.setdefault(c, set()).add(f"{path.name}:{m.group(0)}")
+    return found
+
+
+KNOWN = set(dims.LETTERS.values()) | set(dims.LENGTH_LETTERS)
 
 
 def test_every_name_the_code_uses_is_in_the_vocabulary_and_every_entry_is_used():
     used = names_used_by_models()
     assert used <= set(dims.NAMES), used - set(dims.NAMES)
     letters = einsum_letters()
-    # S and T stand for source and target length where both occur (DESIGN.md).
-    known = set(dims.LETTERS.values()) | {"S", "T"}
-    assert letters <= known, f"einsum letters outside the vocabulary: {letters - known}"
-    unused = {n for n in dims.NAMES if n not in used and dims.LETTERS[n] not in letters}
+    assert letters <= KNOWN, f"einsum letters outside the vocabulary: {letters - KNOWN}"
+    suffixes = suffix_letters()
+    unused = {n for n in dims.NAMES if n not in used and dims.LETTERS[n] not in letters
+              and dims.LETTERS[n] not in suffixes}
     assert not unused, f"vocabulary entries no code uses: {unused}"
+
+
+def test_every_variable_suffix_letter_is_in_the_vocabulary():
+    outside = {c: sorted(names)[:3] for c, names in suffix_letters().items() if c not in KNOWN}
+    assert not outside, f"suffix letters outside the vocabulary (add or rename): {outside}"
+
+
+def test_the_suffix_check_sees_suffixes():
+    found = suffix_letters()
+    assert {"B", "L", "D", "E", "W", "A"} <= set(found)
+    assert not SUFFIX.search("NEG_INF = -1e9; SEQ_LEN")
+    assert SUFFIX.search("x_BLD = 1").group(1) == "BLD"
 
 
 def test_every_rule_in_a_shipped_layout_is_used_by_some_model():

@@ -147,8 +147,8 @@ def test_dropless_refuses_a_layout_it_cannot_run():
 
 def test_generation_and_run_config_select_dropless():
     import switchzoo
-    from configs import demo
-    from switchzoo import trainer, zoo
+    from switchzoo.configs import demo
+    from switchzoo import state, zoo
     base = zoo.get("switch_tiny")
     roomy = base.replace(moe=dataclasses.replace(base.moe, eval_capacity_factor=float(8),
                                                  min_capacity=1, dispatch="einsum"))
@@ -160,7 +160,7 @@ def test_generation_and_run_config_select_dropless():
     np.testing.assert_array_equal(ids[0], ids[1])
     config = demo.get_config()
     config.moe.dispatch = "dropless"
-    assert trainer.model_config(config, 4000).moe.dispatch == "dropless"
+    assert state.run_model_config(config, 4000).moe.dispatch == "dropless"
 
 
 def test_auto_dispatch_is_dropless_only_where_nothing_can_drop():

@@ -8,8 +8,8 @@ import pathlib
 import pytest
 
 import switchzoo
-from configs import demo
-from switchzoo import evaluator, trainer
+from switchzoo.configs import demo
+from switchzoo import evaluate, loop
 from switchzoo.data import embedded, tfds_local
 
 
@@ -43,22 +43,22 @@ def logged_steps(workdir):
 
 def test_train_resume_evaluate_and_restore_under_another_layout(files, tmp_path):
     lines = []
-    trainer.train(tiny_config(files, 6), tmp_path, print_fn=lines.append)
+    loop.train(tiny_config(files, 6), tmp_path, print_fn=lines.append)
     assert logged_steps(tmp_path) == [3, 6]
-    trainer.train(tiny_config(files, 9), tmp_path, print_fn=lines.append)   # the same command
+    loop.train(tiny_config(files, 9), tmp_path, print_fn=lines.append)   # the same command
     assert "resuming at step 6" in lines[-1]
     assert logged_steps(tmp_path) == [3, 6, 9]
     for name in ("config.json", "tokenizer.model", "tensorboard"):
         assert (tmp_path / name).exists()
     assert not list(tmp_path.rglob("*.orbax-checkpoint-tmp*"))
-    results = evaluator.run(tiny_config(files, 9), tmp_path, print_fn=lambda *_: None)
+    results = evaluate.run(tiny_config(files, 9), tmp_path, print_fn=lambda *_: None)
     assert results["step"] == 9 and 0.0 <= results["bleu"] <= 100.0
     assert results["token_perplexity"] > 1.0 and len(results["dropped_fraction"]) == 2
     assert json.loads((tmp_path / "results.json").read_text())["bleu"] == results["bleu"]
     # The checkpoint was written under dp_ep on (2,1,4); it restores under dp_mp_ep on (2,2,2).
     other = tiny_config(files, 9)
     other.layout, other.mesh = "dp_mp_ep", "data:2,model:2,expert:2"
-    again = evaluator.run(other, tmp_path, print_fn=lambda *_: None)
+    again = evaluate.run(other, tmp_path, print_fn=lambda *_: None)
     assert abs(again["loss"] - results["loss"]) < 1e-4
 
 
@@ -68,8 +68,8 @@ def test_a_tfds_builder_prepared_from_local_files_trains_and_evaluates(files, tm
     c.data.source, c.data.tfds_name, c.data.tfds_data_dir = "tfds", name, str(tmp_path / "tfds")
     c.data.train_files = c.data.eval_files = ""
     c.data.eval_split = "validation"
-    trainer.train(c, tmp_path / "run", print_fn=lambda *_: None)
-    results = evaluator.run(c, tmp_path / "run", print_fn=lambda *_: None)
+    loop.train(c, tmp_path / "run", print_fn=lambda *_: None)
+    results = evaluate.run(c, tmp_path / "run", print_fn=lambda *_: None)
     assert results["step"] == 3 and results["bleu"] is not None
 
 
@@ -81,16 +81,16 @@ def test_fine_tuning_starts_from_a_hugging_face_directory(files, tmp_path):
     c.init_from = str(hf_dir)
     c.data.vocab_size = 300
     lines = []
-    trainer.train(c, tmp_path / "run", print_fn=lines.append)
+    loop.train(c, tmp_path / "run", print_fn=lines.append)
     assert "from step 0" in lines[0] and logged_steps(tmp_path / "run") == [3]
 
 
 def test_a_workdir_of_another_model_is_refused_untouched(files, tmp_path):
-    trainer.train(tiny_config(files, 3), tmp_path, print_fn=lambda *_: None)
+    loop.train(tiny_config(files, 3), tmp_path, print_fn=lambda *_: None)
     before = {p: p.stat().st_mtime_ns for p in pathlib.Path(tmp_path).rglob("*") if p.is_file()}
     other = tiny_config(files, 3)
     other.model = "switch_c_tiny"
     with pytest.raises(ValueError, match="holds a run of model 'switch_base_tiny'"):
-        trainer.train(other, tmp_path)
+        loop.train(other, tmp_path)
     after = {p: p.stat().st_mtime_ns for p in pathlib.Path(tmp_path).rglob("*") if p.is_file()}
     assert before == after

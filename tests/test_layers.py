@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from switchzoo import layout as L, training, transformer, zoo
+from switchzoo import layout as L, state as state_lib, transformer, zoo
 from switchzoo.inspector import count_collectives
 from switchzoo.layers import Attention, Mlp, RMSNorm, relpos_bucket
 
@@ -50,9 +50,9 @@ def test_decoder_is_causal_and_respects_segments():
 def compiled_collectives(module, preset, mesh, call, grad=False):
     graphdef, state = nnx.split(module)
     lay = L.Layout.create(preset, mesh)
-    dims = training.module_dims(module)
+    dims = state_lib.module_dims(module)
     params = nnx.to_pure_dict(state)
-    shardings = training.tree_shardings(lay, params, dims, params)
+    shardings = state_lib.tree_shardings(lay, params, dims, params)
     x_sharding = lay.sharding(("batch", "length", "d_model"), strict=False)
 
     def f(params, x):

@@ -13,23 +13,24 @@ import jax
 import numpy as np
 import pytest
 
-from switchzoo import data, layout as L, training, zoo
+from switchzoo import data, layout as L, state as state_lib, steps, zoo
 
 CFG = zoo.get("switch_tiny")
 LR = 1e-2
-TX = training.make_optimizer("adamw", learning_rate=LR, warmup_steps=1)
+TX = state_lib.make_optimizer("adamw", learning_rate=LR, warmup_steps=1)
 BATCH = next(data.byte_lm_batches(16, 32, seed=0))
 
 
 def one_step(mesh, preset, cfg=CFG):
-    lay = L.Layout.create(preset, mesh)
-    graphdef, state, shardings = training.init_state(cfg, TX, lay, seed=0)
-    loss_fn = training.make_loss_fn(graphdef, cfg, lay, seed=0)
+    setup = state_lib.setup(cfg, L.Layout.create(preset, mesh), optimizer=TX, seed=0)
+    state = setup.init()
+    loss_fn = steps.make_loss_fn(setup)
     grad_fn = jax.jit(jax.grad(loss_fn, has_aux=True),
-                      in_shardings=(shardings.params, training.batch_shardings(lay), None),
-                      out_shardings=(shardings.params, None))
+                      in_shardings=(setup.param_shardings,
+                                    state_lib.batch_shardings(setup.layout), None),
+                      out_shardings=(setup.param_shardings, None))
     grads, _ = grad_fn(state.params, BATCH, state.step)
-    step = training.make_train_step(graphdef, cfg, TX, lay, shardings, seed=0)
+    step = steps.make_train_step(setup)
     new_state, metrics = step(state, BATCH)
     return jax.device_get((metrics, grads, new_state.params, new_state.opt_state))
 
@@ -86,26 +87,23 @@ def assert_same_step(got, reference):
 
 
 def test_adafactor_state_shards_on_the_2d_layout():
-    tx = training.make_optimizer("adafactor", 1e-2, 1)
-    lay = L.Layout.create("2d", "data:4,model:2")
-    graphdef, state, shardings = training.init_state(CFG, tx, lay)
-    step = training.make_train_step(graphdef, CFG, tx, lay, shardings)
-    _, metrics = step(state, BATCH)
+    setup = state_lib.setup(CFG, "2d", "data:4,model:2",
+                            optimizer=state_lib.make_optimizer("adafactor", 1e-2, 1))
+    _, metrics = steps.make_train_step(setup)(setup.init(), BATCH)
     assert np.isfinite(float(metrics["loss"]))
 
 
 def test_adafactor_factored_statistics_shard_like_their_weights():
     # An expert weight [experts, d_model, d_ff] under expert parallelism: optax keeps v_row
     # without its largest dim and v_col without the second largest; both keep 'experts'.
-    tx = training.make_optimizer("adafactor", 1e-2, 1)
     cfg = CFG.replace(d_model=128, d_ff=256)     # optax factors dims >= 128
-    lay = L.Layout.create("expert_parallel", "expert:8")
-    _, abstract, dims = training.abstract_state(cfg, tx)
-    shardings = training.tree_shardings(lay, abstract, dims, abstract.params)
+    setup = state_lib.setup(cfg, "expert_parallel", "expert:8",
+                            optimizer=state_lib.make_optimizer("adafactor", 1e-2, 1))
+    abstract, shardings = setup.abstract, setup.shardings
     found = 0
     leaves = jax.tree_util.tree_leaves_with_path(abstract.opt_state)
     for (path, x), s in zip(leaves, jax.tree.leaves(shardings.opt_state)):
-        keys = [training._key(k) for k in path]
+        keys = state_lib.path_name(path).split("/")
         if keys[-1] == "wi" and ("v_row" in keys or "v_col" in keys) and x.ndim == 2:
             assert s.spec[0] == "expert", (keys, s.spec)          # an expert weight's
             found += 1
@@ -113,12 +111,10 @@ def test_adafactor_factored_statistics_shard_like_their_weights():
 
 
 def run_step(cfg, lay, accumulate=1, update_axis=None):
-    graphdef, abstract, dims = training.abstract_state(cfg, TX)
-    shardings = training.tree_shardings(lay, abstract, dims, abstract.params, update_axis)
-    _, state, _ = training.init_state(cfg, TX, lay, seed=0, shardings=shardings)
-    step = training.make_train_step(graphdef, cfg, TX, lay, shardings, accumulate=accumulate)
-    new_state, metrics = step(state, BATCH)
-    return jax.device_get((metrics, new_state.params, new_state.opt_state)), shardings
+    setup = state_lib.setup(cfg, lay, optimizer=TX, seed=0, update_axis=update_axis)
+    step = steps.make_train_step(setup, accumulate=accumulate)
+    new_state, metrics = step(setup.init(), BATCH)
+    return jax.device_get((metrics, new_state.params, new_state.opt_state)), setup.shardings
 
 
 def test_accumulation_weight_update_sharding_and_bfloat16():

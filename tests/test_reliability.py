@@ -105,23 +105,22 @@ def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoin
     import jax
     import numpy as np
     import pytest
-    from configs import mini
-    from switchzoo import evaluator, trainer
+    from switchzoo.configs import mini
+    from switchzoo import evaluate, loop, state
 
     config = mini.get_config("model=switch_tiny,steps=4")
     config.log_every_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 2, 0
     config.per_device_batch_size, config.max_length = 1, 32
     config.data.vocab_size, config.data.embedded_max_pairs = 300, 2000
-    trainer.train(config, tmp_path, print_fn=lambda *_: None)          # good steps 1..4
+    loop.train(config, tmp_path, print_fn=lambda *_: None)          # good steps 1..4
     good = {p: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").rglob("*")}
     config.num_train_steps, config.learning_rate = 30, 1e9             # then a real blow-up
     with pytest.raises(FloatingPointError, match=r"step (\d+): loss is .*cross entropy"
                                                  r".*last good checkpoint is kept") as info:
-        trainer.train(config, tmp_path, print_fn=lambda *_: None)
+        loop.train(config, tmp_path, print_fn=lambda *_: None)
     bad = int(str(info.value).split()[1].rstrip(":"))
     assert max(committed(tmp_path)) < bad
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").rglob("*")
             if p in good} == good                                       # untouched
-    _, _, params, step = evaluator.restore_params(config, tmp_path, trainer.setup_mesh(config),
-                                                  300)
+    _, params, step = evaluate.restore_params(config, tmp_path, state.run_layout(config), 300)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))

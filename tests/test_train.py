@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from configs import demo
-from switchzoo import trainer
+from switchzoo.configs import demo
+from switchzoo import loop
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ def test_loss_falls_and_metrics_are_written(tmp_path):
     config.per_device_batch_size, config.max_length, config.data.vocab_size = 2, 64, 500
     config.layout, config.mesh = "dp_ep", "data:2,model:1,expert:4"
     config.data.embedded_max_pairs = 3000
-    trainer.train(config, tmp_path, print_fn=lambda *_: None)
+    loop.train(config, tmp_path, print_fn=lambda *_: None)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if r["split"] == "train"]
     assert [r["step"] for r in train_rows] == [20, 40, 60]
@@ -69,7 +69,7 @@ def test_cross_entropy_equals_the_smoothed_one_hot_formula(smoothing):
     import jax.numpy as jnp
 
     from switchzoo.config import ModelConfig
-    from switchzoo.training import lm_objective
+    from switchzoo.steps import lm_objective
     cfg = ModelConfig(vocab_size=50, d_model=8, num_heads=1, d_kv=8, d_ff=8, num_layers=1)
     logits = jax.random.normal(jax.random.key(0), (2, 3, 50)) * 3
     targets = jax.random.randint(jax.random.key(1), (2, 3), 0, 50)

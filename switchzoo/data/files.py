@@ -11,6 +11,8 @@ import pathlib
 import zlib
 from typing import Callable, Iterator
 
+from switchzoo import atomic
+
 HOLD_OUT_ONE_IN = 50     # ~2% held out for evaluation where no eval split is given
 _FIX_UTF8 = "re-encode it as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8 IN > OUT)"
 
@@ -70,10 +72,7 @@ def read(spec: str, task: str) -> list:
 
 def write_tsv(path: pathlib.Path, pairs: list[tuple[str, str]]) -> None:
     """Atomically, so that a crashed run never leaves a half corpus for the next to trust."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic.write_text(path, "".join(f"{s}\t{t}\n" for s, t in pairs))
 
 
 def hold_out(examples: list, key: Callable = lambda e: e if isinstance(e, str) else e[0]):

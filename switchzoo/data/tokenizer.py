@@ -14,6 +14,8 @@ from typing import Iterable
 
 import sentencepiece as spm
 
+from switchzoo import atomic
+
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 CACHE_NAME = "tokenizer.model"
 
@@ -93,8 +95,5 @@ def load_or_train(cfg, workdir: str | os.PathLike | None, texts) -> Tokenizer:
                              f"{tok.vocab_size} to resume, or use a new workdir")
         return tok
     proto = train(texts(), cfg.vocab_size)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_bytes(proto)
-    os.replace(tmp, path)
+    atomic.write_bytes(path, proto)
     return Tokenizer(proto, str(path))

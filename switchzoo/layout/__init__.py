@@ -9,7 +9,8 @@ the first dimension claims a mesh axis and later ones that ask for it again stay
 (``batch:data,d_model:data`` splits weights over d_model and activations over batch), and an axis
 that does not divide the dimension is left out.
 
-``python -m switchzoo.layout`` runs the layout inspector (switchzoo/inspector.py).
+``python -m switchzoo.layout`` runs the layout inspector (switchzoo/inspector.py) from this
+package's __main__.py; nothing here imports the inspector.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import importlib.resources
 import math
-import pathlib
 import re
 import tomllib
 
@@ -29,7 +30,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from switchzoo import dims as dims_lib
 from switchzoo import registry
 
-PRESET_DIR = pathlib.Path(__file__).resolve().parent.parent / "layouts"
+PRESETS = "switchzoo.layouts"                 # the presets package (layouts/ in a clone)
 DEFAULT_AXES = ("data", "model", "expert")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -114,11 +115,13 @@ class Preset:
 
 @functools.cache
 def presets() -> dict[str, Preset]:
-    """The named layouts shipped in layouts/*.toml."""
+    """The named layouts shipped in layouts/*.toml (the switchzoo.layouts package)."""
     out = {}
-    for path in sorted(PRESET_DIR.glob("*.toml")):
+    files = importlib.resources.files(PRESETS).iterdir()
+    for path in sorted((f for f in files if f.name.endswith(".toml")), key=lambda f: f.name):
+        name = path.name.removesuffix(".toml")
         data = tomllib.loads(path.read_text())
-        out[path.stem] = Preset(path.stem, data["layout"], data["mesh"], data.get("doc", ""))
+        out[name] = Preset(name, data["layout"], data["mesh"], data.get("doc", ""))
     return out
 
 
@@ -271,10 +274,3 @@ def spec_axes(entry) -> tuple[str, ...]:
 
 def nbytes(shape, dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-if __name__ == "__main__":
-    import sys
-
-    from switchzoo import inspector
-    sys.exit(inspector.main())

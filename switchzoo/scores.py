@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
-import tempfile
+
+from switchzoo import atomic
 
 RESULTS_FILE = "results.json"
 _SPM_MARK = "\u2581"     # SentencePiece's word-boundary mark: its presence means undecoded pieces
@@ -111,20 +111,9 @@ def _jsonable(x):
 
 
 def write_results(workdir, results: dict) -> pathlib.Path:
-    """Write workdir/results.json atomically: a temporary file in the same directory, then
-    os.replace, so a reader (tables.collect, a crashed eval) never sees half a file."""
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    """Write workdir/results.json atomically (switchzoo.atomic), so a reader (tables.collect, a crashed eval) never sees half a file."""
     text = json.dumps(results, indent=1, default=_jsonable, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".tmp", dir=workdir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, workdir / RESULTS_FILE)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-    return workdir / RESULTS_FILE
+    return atomic.write_text(pathlib.Path(workdir) / RESULTS_FILE, text)
 
 
 def read_results(workdir) -> dict:

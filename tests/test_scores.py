@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from switchzoo import evaluation, tables
+from switchzoo import scores, tables
 
 
 # ------------------------------------------------------------------------------------- BLEU
@@ -32,11 +32,11 @@ REFS = ["the cat sat on the red mat today", "the quick brown fox jumped over the
 
 
 def test_bleu_identical_text_is_100():
-    assert evaluation.bleu(REFS, REFS) == pytest.approx(100.0)
+    assert scores.bleu(REFS, REFS) == pytest.approx(100.0)
 
 
 def test_bleu_matches_hand_computed_bleu():
-    ours = evaluation.bleu(HYPS, REFS)
+    ours = scores.bleu(HYPS, REFS)
     assert ours == pytest.approx(_hand_bleu(HYPS, REFS), abs=1e-9)
     # By hand: precisions 15/16, 9/14, 5/12, 3/10; 16 hypothesis words vs 17 reference words,
     # so brevity penalty exp(1 - 17/16).
@@ -47,8 +47,8 @@ def test_bleu_matches_hand_computed_bleu():
 
 def test_bleu_tokenizes_punctuation_13a():
     # 13a splits "mat." into "mat ." so a missing full stop costs n-grams, not the whole word.
-    assert evaluation.bleu(["the cat sat on the mat"], ["the cat sat on the mat."]) < 100
-    assert evaluation.bleu(["the cat sat on the mat ."], ["the cat sat on the mat."]) == \
+    assert scores.bleu(["the cat sat on the mat"], ["the cat sat on the mat."]) < 100
+    assert scores.bleu(["the cat sat on the mat ."], ["the cat sat on the mat."]) == \
         pytest.approx(100.0)
 
 
@@ -60,25 +60,25 @@ def test_bleu_tokenizes_punctuation_13a():
 ])
 def test_bleu_errors(hyps, refs, message):
     with pytest.raises(ValueError, match=message):
-        evaluation.bleu(hyps, refs)
+        scores.bleu(hyps, refs)
 
 
 # ------------------------------------------------------------------------------- perplexity
 def test_perplexities_on_hand_numbers():
     # 10 subword tokens (EOS included) over 8 words, 20 nats in all.
-    p = evaluation.perplexities(20.0, num_tokens=10, num_words=8)
+    p = scores.perplexities(20.0, num_tokens=10, num_words=8)
     assert p["loss"] == pytest.approx(2.0)
     assert p["neg_log_perplexity"] == pytest.approx(-2.0)
     assert p["token_perplexity"] == pytest.approx(math.exp(2.0))
     assert p["word_perplexity"] == pytest.approx(math.exp(2.5))
     # word ppl = token ppl ** (tokens / words): the t2t 1.1078 rule is this identity.
     assert p["word_perplexity"] == pytest.approx(p["token_perplexity"] ** (10 / 8))
-    assert evaluation.perplexities(20.0, 10, None)["word_perplexity"] is None
+    assert scores.perplexities(20.0, 10, None)["word_perplexity"] is None
 
 
 def test_count_words_counts_one_eos_per_text():
-    assert evaluation.count_words(["the cat sat", "hello  world "]) == 3 + 1 + 2 + 1
-    assert evaluation.count_words(["the cat sat"], eos=False) == 3
+    assert scores.count_words(["the cat sat", "hello  world "]) == 3 + 1 + 2 + 1
+    assert scores.count_words(["the cat sat"], eos=False) == 3
 
 
 @pytest.mark.parametrize("args, message", [
@@ -87,37 +87,37 @@ def test_count_words_counts_one_eos_per_text():
 ])
 def test_perplexities_errors(args, message):
     with pytest.raises(ValueError, match=message):
-        evaluation.perplexities(*args)
+        scores.perplexities(*args)
 
 
 # ------------------------------------------------------------------------- results.json
 def _results(step, loss, dropped=(0.02, 0.04), load=((0.2, 0.3, 0.25, 0.25),), **kw):
-    return evaluation.make_results(step, "validation", total_nll=loss * 100, num_tokens=100,
+    return scores.make_results(step, "validation", total_nll=loss * 100, num_tokens=100,
                                    num_words=80, dropped_fraction=dropped, expert_load=load, **kw)
 
 
 def test_write_results_is_atomic_and_round_trips(tmp_path):
     import numpy as np
     results = _results(7, 1.5, bleu=np.float32(12.5), dropped=np.array([0.1, 0.3]))
-    path = evaluation.write_results(tmp_path / "run", results)
+    path = scores.write_results(tmp_path / "run", results)
     assert path.name == "results.json" and list(path.parent.iterdir()) == [path]  # no temp left
     back = json.loads(path.read_text())
     assert back["step"] == 7 and back["bleu"] == 12.5
     assert back["dropped_fraction"] == pytest.approx([0.1, 0.3])
     assert back["loss"] == pytest.approx(1.5)
     with pytest.raises(ValueError):          # NaN is refused rather than written as invalid JSON
-        evaluation.write_results(tmp_path / "run", {"loss": float("nan")})
+        scores.write_results(tmp_path / "run", {"loss": float("nan")})
     assert json.loads(path.read_text())["step"] == 7    # the old file is intact
 
 
 def test_markdown_lists_the_metrics_present():
-    text = evaluation.markdown(_results(300, 2.0, bleu=27.31))
+    text = scores.markdown(_results(300, 2.0, bleu=27.31))
     assert "| BLEU (sacrebleu 13a) | 27.31 |" in text
     assert "| loss (nats/token) | 2 |" in text
     assert "| word perplexity | 12.18 |" in text          # exp(200 / 80)
     assert "mean of 2 Switch layers) | 0.03 |" in text
     assert "1/4 = 0.25) | 0.2 / 0.3 |" in text
-    dense = evaluation.markdown(_results(300, 2.0, dropped=(), load=()))
+    dense = scores.markdown(_results(300, 2.0, dropped=(), load=()))
     assert "dropped" not in dense and "expert load" not in dense and "BLEU" not in dense
 
 
@@ -128,7 +128,7 @@ def _run(root, name, model, step, results=None, **moe):
     moe = {"train_capacity_factor": None, "eval_capacity_factor": None, "top_k": None, **moe}
     (d / "config.json").write_text(json.dumps({"model": model, "moe": moe, "data": {}}))
     if results is not None:
-        evaluation.write_results(d, results)
+        scores.write_results(d, results)
     return str(d)
 
 

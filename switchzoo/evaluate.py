@@ -1,6 +1,9 @@
-"""Evaluate a run (its newest checkpoint) or a Hugging Face directory: loss, token and word
-perplexity, Switch load and drops at the evaluation capacity factor, and for translation BLEU of
-detokenized beam-search output. Writes workdir/results.json."""
+"""Evaluate a run (its newest checkpoint's parameters) or a Hugging Face directory: loss, token
+and word perplexity, Switch load and drops at the evaluation capacity factor, and for
+translation BLEU of detokenized beam-search output. Writes workdir/results.json.
+
+Running the model lives here; the scores themselves (BLEU, perplexities, results.json) are
+pure functions in switchzoo.scores."""
 from __future__ import annotations
 
 import json
@@ -10,7 +13,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from switchzoo import api, checkpoints, data, evaluation, hf, training, trainer
+from switchzoo import api, checkpoints, data, hf, scores, steps
+from switchzoo import state as state_lib
 
 
 def load_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:
@@ -22,51 +26,68 @@ def load_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:
 
 
 def restore_params(config, workdir: pathlib.Path, layout, vocab_size: int):
-    """(cfg, graphdef, params, step) of the newest committed checkpoint of the run."""
-    cfg = trainer.model_config(config, vocab_size)
-    tx = training.make_optimizer(config.optimizer, config.learning_rate, config.warmup_steps,
-                                 config.weight_decay)
-    graphdef, abstract, dims = training.abstract_state(cfg, tx, config.seed)
-    shardings = training.tree_shardings(layout, abstract, dims, abstract.params,
-                                        "data" if config.shard_optimizer_over_data else None)
+    """(setup, params, step) of the newest committed checkpoint of the run: the parameters
+    alone, with no optimizer built."""
+    setup = state_lib.setup_run(config, layout, state_lib.run_model_config(config, vocab_size),
+                                train=False)
     ckpt = checkpoints.Checkpoints(workdir / "checkpoints", 1, config.keep_checkpoints)
-    step = ckpt.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"{workdir / 'checkpoints'} holds no complete checkpoint; train "
-                                "first (python train.py --workdir=...)")
-    state, _ = ckpt.restore(step, abstract, shardings)
-    ckpt.close()
-    return cfg, graphdef, state.params, step
+    try:
+        step = ckpt.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"{workdir / 'checkpoints'} holds no complete checkpoint; "
+                                    "train first (python train.py --workdir=...)")
+        params = ckpt.restore_params(step, setup.abstract, setup.shardings)
+    finally:
+        ckpt.close()
+    return setup, params, step
+
+
+def evaluate_loss(eval_fn, params, ds, layout) -> dict:
+    """Token (and, for text with word counts, word) perplexity over the whole eval split, and
+    the Switch metrics averaged over its batches."""
+    totals, moe, n = {"nll": 0.0, "tokens": 0.0, "words": 0.0}, {}, 0
+    for batch in ds.eval_batches():
+        out = jax.device_get(eval_fn(params, steps.global_batch(batch, layout)))
+        for k in totals:
+            totals[k] += float(out[k])
+        for k in ("dropped_fraction", "expert_load"):
+            if k in out:
+                moe[k] = moe.get(k, 0) + np.asarray(out[k])
+        n += 1
+    result = scores.perplexities(totals["nll"], int(totals["tokens"]),
+                                 int(totals["words"]) or None)
+    for k, v in moe.items():
+        result[k] = (v / n).round(5).tolist()
+    return result
 
 
 def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
     workdir = pathlib.Path(workdir)
-    layout = trainer.setup_mesh(config)
-    batch = trainer.batch_size(config)
+    layout = state_lib.run_layout(config)
+    batch = state_lib.global_batch_size(config)
     ds = data.build(config.data, workdir, task=config.task, batch_size=batch,
                     max_length=config.max_length, seed=config.seed)
     if checkpoint:
-        hf_config, cfg, files = hf.read_config(checkpoint)
-        graphdef, params, _ = hf.load_params(cfg, files, layout)
+        pretrained = hf.read_config(checkpoint)
+        setup = state_lib.setup(pretrained.cfg, layout)
+        params, _ = hf.load_params(pretrained, setup)
         step = None
     else:
-        cfg, graphdef, params, step = restore_params(config, workdir, layout,
-                                                     ds.tokenizer.vocab_size)
-    eval_fn = training.make_eval_step(graphdef, cfg, layout, jax.tree.map(lambda x: x.sharding,
-                                                                         params))
+        setup, params, step = restore_params(config, workdir, layout, ds.tokenizer.vocab_size)
+    eval_fn = steps.make_eval_step(setup)
     results = {"step": step, "split": config.data.eval_split, "model": config.model,
-               **trainer.evaluate_loss(eval_fn, params, ds, layout)}
+               **evaluate_loss(eval_fn, params, ds, layout)}
     results["bleu"] = None
     if config.task == "translation":
-        model = api.Model(cfg, graphdef, params, layout)
+        model = api.Model(setup.cfg, setup.graphdef, params, layout)
         hyps = translate(model, ds, [s for s, _ in ds.eval_examples[:config.eval.max_examples]],
                          config, batch)
         refs = [t for _, t in ds.eval_examples[:config.eval.max_examples]]
-        results["bleu"] = evaluation.bleu(hyps, refs)
+        results["bleu"] = scores.bleu(hyps, refs)
         results["examples"] = [{"source": s, "reference": r, "output": h} for (s, r), h in
                                zip(ds.eval_examples[:3], hyps[:3])]
-    evaluation.write_results(workdir, results)
-    print_fn(evaluation.markdown(results))
+    scores.write_results(workdir, results)
+    print_fn(scores.markdown(results))
     for ex in results.get("examples", []):
         print_fn(f"\n  source:    {ex['source']}\n  reference: {ex['reference']}\n"
                  f"  output:    {ex['output']}")

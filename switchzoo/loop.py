@@ -1,0 +1,158 @@
+"""The training loop of a run config: mesh and layout -> data -> model -> sharded state (fresh,
+fine-tuned from a Hugging Face directory, or resumed from the newest checkpoint) -> the loop of
+one jitted step (switchzoo.steps), with metrics, periodic evaluation and asynchronous
+checkpoints."""
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import threading
+import time
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from switchzoo import atomic, checkpoints, cli, data, evaluate, hf, steps, zoo
+from switchzoo import metrics as metrics_lib
+from switchzoo import state as state_lib
+
+
+def check_workdir(workdir: pathlib.Path, config) -> None:
+    """Refuses a workdir whose checkpoints belong to another model or task."""
+    saved = workdir / "config.json"
+    if saved.is_file():
+        old = json.loads(saved.read_text())
+        for key in ("model", "task"):
+            if old.get(key) != config[key]:
+                raise ValueError(f"{workdir} holds a run of {key} '{old.get(key)}', not "
+                                 f"'{config[key]}'; use a new --workdir (nothing was changed)")
+    workdir.mkdir(parents=True, exist_ok=True)
+
+
+def save_config(workdir: pathlib.Path, config) -> None:
+    """The resolved config, written once the run is known to start."""
+    atomic.write_text(workdir / "config.json",
+                      config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+
+
+def train(config, workdir, print_fn=print) -> dict:
+    """Runs (or resumes) the run of ``config`` in ``workdir``; returns the last logged row."""
+    workdir = pathlib.Path(workdir)
+    layout = state_lib.run_layout(config)       # mesh errors before anything is written
+    zoo.entry(config.model)
+    lead = jax.process_index() == 0
+    if not lead:
+        print_fn = lambda *_: None              # noqa: E731  (one process speaks)
+
+    def build_data():
+        return data.build(config.data, workdir, task=config.task,
+                          batch_size=state_lib.global_batch_size(config),
+                          max_length=config.max_length, seed=config.seed)
+    # Process 0 writes the workdir (config, corpus, tokenizer); the others then read it.
+    if lead:
+        check_workdir(workdir, config)
+        ds = build_data()
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("switchzoo: workdir ready")
+    if not lead:
+        ds = build_data()
+    pretrained = hf.read_config(config.init_from) if config.init_from else None
+    cfg = (state_lib.run_model_config(config, ds.tokenizer.vocab_size) if pretrained is None
+           else pretrained.cfg.replace(dtype=config.dtype, dropout=config.dropout))
+    setup = state_lib.setup_run(config, layout, cfg)
+    schedule = state_lib.rsqrt_schedule(config.learning_rate, config.warmup_steps)
+    ckpt = checkpoints.Checkpoints(workdir / "checkpoints", config.checkpoint_every_steps,
+                                   config.keep_checkpoints)
+    try:
+        state = _initial_state(setup, ckpt, ds, pretrained)
+    except BaseException:
+        ckpt.close()                          # no async machinery left behind a clean error
+        raise
+    start = int(state.step)
+    if lead:
+        save_config(workdir, config)
+    print_fn(f"model {config.model}: {sum(x.size for x in jax.tree.leaves(state.params)):,} "
+             f"parameters | mesh {dict(layout.mesh.shape)} | layout {layout.text} | "
+             f"{'resuming at step ' + str(start) if start else 'from step 0'}")
+    step_fn = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps)
+    eval_fn = steps.make_eval_step(setup)
+    writer = metrics_lib.Writer(workdir, config.num_train_steps, start)
+    last, clock = {}, time.perf_counter()
+    with Preemption() as preempted:
+        try:
+            for step in range(start + 1, config.num_train_steps + 1):
+                batch = next(ds.train)
+                state, m = step_fn(state, steps.global_batch(batch, layout))
+                stopping = preempted() or ckpt.manager.reached_preemption(step)
+                final = step == config.num_train_steps or stopping
+                saving = final or ckpt.manager.should_save(step)
+                if step % config.log_every_steps == 0 or saving:
+                    m = jax.device_get(m)
+                    check_finite(step, m)            # never checkpoint a diverged state
+                    elapsed, clock = time.perf_counter() - clock, time.perf_counter()
+                    tokens = float(m["tokens"]) * config.log_every_steps
+                    last = metrics_lib.row(step, m, float(schedule(step - 1)), tokens / elapsed)
+                    last["batch_sha1"] = metrics_lib.digest(batch)
+                    writer.write(last)
+                    writer.progress(step, last["loss"], last["tokens_per_sec"])
+                if config.eval_every_steps and step % config.eval_every_steps == 0:
+                    writer.write({"step": step, **evaluate.evaluate_loss(
+                        eval_fn, state.params, ds, layout)}, "eval")
+                ckpt.save(step, state, ds.train.get_state(), force=final)
+                if stopping:
+                    print_fn(f"\npreempted: saved step {step}; run the same command to resume")
+                    break
+        finally:
+            writer.close()
+            ckpt.close()
+    return last
+
+
+def check_finite(step: int, m: dict) -> None:
+    if not np.isfinite(m["loss"]) or not m["params_finite"]:
+        raise FloatingPointError(
+            f"step {step}: loss is {m['loss']} (cross entropy {m['cross_entropy']}, aux "
+            f"{m['aux_loss']}, z {m['z_loss']}, updated parameters finite: "
+            f"{bool(m['params_finite'])}); stopped before checkpointing it, the last good "
+            "checkpoint is kept (lower the learning rate or use float32)")
+
+
+class Preemption:
+    """SIGTERM (what schedulers send before preemption) asks the loop to checkpoint the current
+    step and stop cleanly; ``with Preemption() as preempted: ... preempted()``. Multi-host runs
+    leave the signal to JAX's preemption service (Orbax's reached_preemption)."""
+
+    def __enter__(self):
+        self.flag, self.previous = False, None
+        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+        return lambda: self.flag
+
+    def _handle(self, signum, frame):
+        self.flag = True
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def _initial_state(setup: state_lib.Setup, ckpt, ds, pretrained):
+    """Resume from the newest committed checkpoint; else fine-tune from a Hugging Face
+    directory (``pretrained``: hf.read_config's answer); else a fresh initialisation."""
+    latest = ckpt.latest_step()
+    if latest is not None:
+        try:
+            state, data_state = ckpt.restore(latest, setup.abstract, setup.shardings)
+        except (ValueError, KeyError, OSError, RuntimeError, TypeError) as e:
+            raise ValueError(f"checkpoint {latest} in {ckpt.directory} cannot be restored for "
+                             f"this config ({cli.one_line(e)[:300]}); it was left as it is: use "
+                             "another --workdir, or move the damaged step directory away") from e
+        ds.train.set_state(data_state)
+        return state
+    if pretrained is not None:
+        params, _ = hf.load_params(pretrained, setup)
+        return setup.state_from(params)
+    return setup.init()

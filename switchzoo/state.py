@@ -1,0 +1,277 @@
+"""The model's state on the mesh, set up one way for every caller.
+
+``setup`` goes from a model (catalogue name or ModelConfig), a layout and a mesh (and, for
+training, an optimizer) to everything a program over the state needs: the mesh and layout, the
+model config, the graph definition, the abstract state (shapes only, nothing allocated), each
+parameter's logical dims and the shardings of the whole state. The run loop, evaluation, the
+layout inspector, the Python API, Hugging Face loading and the benchmarks all start here;
+``setup_run`` translates a run config into its arguments.
+
+Parameter paths are strings, ``decoder/layers/1/ffn/wi`` (jax.tree_util.keystr's simple form).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from switchzoo import layout as layout_lib
+from switchzoo import transformer, zoo
+from switchzoo.config import ModelConfig
+
+
+class TrainState(NamedTuple):
+    step: jax.Array
+    params: nnx.State
+    opt_state: optax.OptState
+
+
+# ------------------------------------------------------------------------------ optimizers
+
+def rsqrt_schedule(learning_rate: float, warmup_steps: int):
+    """The T5 schedule: linear warmup to ``learning_rate``, then decay as 1/sqrt(step)."""
+    warmup = max(warmup_steps, 1)
+
+    def schedule(step):
+        step = jnp.maximum(step, 1).astype(jnp.float32)
+        return learning_rate * jnp.minimum(step / warmup, jnp.sqrt(warmup / step))
+    return schedule
+
+
+def make_optimizer(name: str = "adamw", learning_rate: float = 1e-3, warmup_steps: int = 100,
+                   weight_decay: float = 0.0) -> optax.GradientTransformation:
+    """AdamW or Adafactor under the rsqrt schedule."""
+    schedule = rsqrt_schedule(learning_rate, warmup_steps)
+    if name == "adamw":
+        return optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=weight_decay)
+    if name == "adafactor":
+        return optax.adafactor(schedule)
+    raise ValueError(f"unknown optimizer '{name}'; use 'adamw' or 'adafactor'")
+
+
+# ------------------------------------------------------------------------- paths and dims
+
+def path_name(path) -> str:
+    """'decoder/layers/1/ffn/wi' for a jax key path (or a tuple of plain keys)."""
+    if all(isinstance(k, (str, int)) for k in path):
+        return "/".join(map(str, path))
+    return jax.tree_util.keystr(tuple(path), simple=True, separator="/")
+
+
+def module_dims(module: nnx.Module) -> dict[str, tuple[str, ...]]:
+    """{parameter path: its logical dims} from the ``dims`` annotations."""
+    return {path_name(path): v.get_metadata()["dims"]
+            for path, v in nnx.to_flat_state(nnx.state(module))}
+
+
+def abstract_model(cfg: ModelConfig, seed: int = 0):
+    """(graphdef, abstract params as a pure dict, dims) without allocating anything."""
+    model = nnx.eval_shape(lambda: transformer.build(cfg, seed))
+    graphdef, state = nnx.split(model)
+    return graphdef, nnx.to_pure_dict(state), module_dims(model)
+
+
+def tree_shardings(layout: layout_lib.Layout, tree, dims: dict, params,
+                   update_axis: str | None = None):
+    """NamedSharding per leaf of ``tree`` (params, optimizer state, or a whole TrainState).
+
+    A leaf whose key path ends with a parameter's path and has that parameter's shape follows
+    its dims (so Adam moments shard like their weights); Adafactor's factored row / column
+    statistics follow their weight's dims less the one averaged away; everything else
+    (counters, placeholders) is replicated. With ``update_axis`` (e.g. "data"), the
+    optimizer state is further split over that axis where a free dimension divides: the
+    weight-update sharding of arXiv 2004.13336 (each data replica updates a slice, then the
+    parameters are all-gathered).
+    """
+    shapes = {path_name(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(params)}
+
+    def one(path, leaf):
+        keys = path_name(path).split("/")
+        for start in range(len(keys)):
+            name = "/".join(keys[start:])
+            d = dims.get(name)
+            if d is None:
+                continue
+            if shapes[name] == leaf.shape:
+                s = layout.sharding(d, leaf.shape, name)
+                if update_axis and keys[0] == "opt_state":
+                    s = _split_further(s, leaf.shape, update_axis)
+                return s
+            dropped = _factored_dim(keys, shapes[name], leaf.shape)
+            if dropped is not None:    # a factored statistic: its weight's dims less one
+                return layout.sharding(d[:dropped] + d[dropped + 1:], leaf.shape, name)
+        return layout.replicated()
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def _factored_dim(keys, param_shape, shape) -> int | None:
+    """Which dim of ``param_shape`` a factored second-moment statistic of that shape averages
+    away: optax's adafactor keeps v_row without the largest dim and v_col without the second
+    largest (``np.argsort`` order); None if ``shape`` is not such a statistic."""
+    if len(shape) != len(param_shape) - 1 or len(param_shape) < 2:
+        return None
+    order = np.argsort(param_shape)
+    dim = {"v_row": order[-1], "v_col": order[-2]}.get(next(
+        (k for k in keys if k in ("v_row", "v_col")), None))
+    if dim is None or tuple(np.delete(param_shape, dim)) != tuple(shape):
+        return None
+    return int(dim)
+
+
+def _split_further(sharding: NamedSharding, shape, axis: str) -> NamedSharding:
+    """Adds mesh ``axis`` to the first dimension it divides, if the tensor does not use it."""
+    mesh = sharding.mesh
+    if axis not in mesh.shape or mesh.shape[axis] == 1:
+        return sharding
+    spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
+    used = {a for e in spec for a in layout_lib.spec_axes(e)}
+    if axis in used:
+        return sharding
+    for i, e in enumerate(spec):
+        axes = layout_lib.spec_axes(e)
+        parts = math.prod(mesh.shape[a] for a in axes) * mesh.shape[axis]
+        if shape[i] % parts == 0:
+            spec[i] = axes + (axis,) if axes else axis
+            return NamedSharding(mesh, P(*spec))
+    return sharding
+
+
+def batch_shardings(layout: layout_lib.Layout):
+    """Batch fields are [batch, length] (or [batch]): split along the batch, as the layout says.
+    (A PartitionSpec names leading dims only, so one sharding serves both ranks.)"""
+    return NamedSharding(layout.mesh, P(*layout.spec(("batch",), strict=False)))
+
+
+# ------------------------------------------------------------------------ the one set-up
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """A model laid out on a mesh. ``abstract`` and ``shardings`` are a TrainState when there
+    is an optimizer (``tx``), else the parameters alone."""
+    cfg: ModelConfig
+    layout: layout_lib.Layout
+    graphdef: nnx.GraphDef
+    dims: dict
+    abstract: object
+    shardings: object
+    tx: optax.GradientTransformation | None = None
+    seed: int = 0
+
+    @property
+    def mesh(self) -> jax.sharding.Mesh:
+        return self.layout.mesh
+
+    @property
+    def abstract_params(self):
+        return self.abstract.params if self.tx is not None else self.abstract
+
+    @property
+    def param_shardings(self):
+        return self.shardings.params if self.tx is not None else self.shardings
+
+    def init(self):
+        """A fresh state (or parameters, without an optimizer), born in its shardings."""
+        cfg, seed, tx = self.cfg, self.seed, self.tx
+
+        def init():
+            params = nnx.to_pure_dict(nnx.state(transformer.build(cfg, seed)))
+            if tx is None:
+                return params
+            return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+        return jax.jit(init, out_shardings=self.shardings)()
+
+    def state_from(self, params):
+        """A TrainState at step 0 around ``params`` (e.g. loaded from Hugging Face)."""
+        tx = self.tx
+        return jax.jit(lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)),
+                       out_shardings=self.shardings)(params)
+
+
+def setup(model: str | ModelConfig, layout: str | layout_lib.Layout = "data_parallel",
+          mesh: str | jax.sharding.Mesh | None = None, *, devices=None,
+          optimizer: str | optax.GradientTransformation | None = None, seed: int = 0,
+          update_axis: str | None = None) -> Setup:
+    """The model (a catalogue name or a ModelConfig) laid out by ``layout`` (a Layout, a preset
+    name or a layout string) on ``mesh`` (a Mesh, a mesh spec, or None: the preset's mesh, else
+    every device on 'data'). ``optimizer`` (a name or an optax transformation) adds its state;
+    ``update_axis`` splits that state further (weight-update sharding). Nothing is allocated."""
+    cfg = zoo.get(model) if isinstance(model, str) else model
+    if not isinstance(layout, layout_lib.Layout):
+        layout = make_layout(layout, mesh, devices)
+    tx = make_optimizer(optimizer) if isinstance(optimizer, str) else optimizer
+    graphdef, params, dims = abstract_model(cfg, seed)
+    if tx is None:
+        abstract = params
+    else:
+        abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
+                              jax.eval_shape(tx.init, params))
+    shardings = tree_shardings(layout, abstract, dims, params, update_axis)
+    return Setup(cfg, layout, graphdef, dims, abstract, shardings, tx, seed)
+
+
+def make_layout(layout: str = "data_parallel", mesh=None, devices=None) -> layout_lib.Layout:
+    """A preset or layout string on a Mesh or mesh spec; without a mesh, the preset's, else
+    every device on the 'data' axis."""
+    layout = layout or "data_parallel"
+    if mesh is None or mesh == "":
+        preset = layout_lib.presets().get(layout)
+        mesh = preset.mesh if preset else "data:-1"
+    if isinstance(mesh, str):
+        mesh = layout_lib.make_mesh(mesh, devices)
+    return layout_lib.Layout.create(layout, mesh)
+
+
+# ---------------------------------------------------------------------------- run configs
+
+def run_layout(config) -> layout_lib.Layout:
+    """The mesh and layout a run config asks for (errors before anything is written)."""
+    return make_layout(config.layout, config.mesh or None)
+
+
+def run_model_config(config, vocab_size: int) -> ModelConfig:
+    """The catalogue model with the run's overrides: MoE routing knobs, activation dtype, and a
+    vocabulary sized for the tokenizer (rounded up to a multiple of 128, for sharding)."""
+    cfg = zoo.get(config.model)
+    want_encoder = config.task == "translation"
+    if cfg.is_encoder_decoder != want_encoder:
+        kind = "an encoder-decoder" if want_encoder else "a decoder-only"
+        raise ValueError(f"task '{config.task}' needs {kind} model; '{config.model}' is not "
+                         "one (pick another --config.model)")
+    overrides = {k: v for k, v in config.moe.items() if v is not None}
+    if overrides:
+        if cfg.moe is None:
+            raise ValueError(f"--config.moe.* set for the dense model '{config.model}'; drop them")
+        cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, **overrides))
+    if not config.init_from:
+        cfg = cfg.replace(vocab_size=128 * math.ceil(vocab_size / 128))
+    elif vocab_size > cfg.vocab_size:
+        raise ValueError(f"the tokenizer has {vocab_size} ids but the checkpoint's vocabulary "
+                         f"{cfg.vocab_size}; load the checkpoint's own SentencePiece model with "
+                         "--config.data.vocab_path")
+    return cfg.replace(dtype=config.dtype, dropout=config.dropout)
+
+
+def run_optimizer(config) -> optax.GradientTransformation:
+    return make_optimizer(config.optimizer, config.learning_rate, config.warmup_steps,
+                          config.weight_decay)
+
+
+def setup_run(config, layout: layout_lib.Layout, cfg: ModelConfig,
+              train: bool = True) -> Setup:
+    """``setup`` for a run config: its optimizer (``train``; else the parameters alone), seed
+    and weight-update sharding, on ``layout`` (run_layout) with model ``cfg``
+    (run_model_config, or a Hugging Face checkpoint's)."""
+    return setup(cfg, layout, optimizer=run_optimizer(config) if train else None,
+                 seed=config.seed,
+                 update_axis="data" if train and config.shard_optimizer_over_data else None)
+
+
+def global_batch_size(config) -> int:
+    return config.per_device_batch_size * jax.device_count()

@@ -1,0 +1,133 @@
+"""The jitted steps: the objective, the train step (gradients, accumulation, optimizer update)
+and the eval step, each one jit with the state's shardings from switchzoo.state."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from switchzoo import layout as layout_lib
+from switchzoo import state as state_lib
+from switchzoo.config import ModelConfig
+
+
+def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: float = 0.0):
+    """Cross-entropy (with optional label smoothing) + weighted aux and z losses."""
+    targets_BL, weights_BL = batch["targets"], batch["weights"].astype(jnp.float32)
+    # -sum(smoothed one-hot * log_softmax) without building the one-hot [B, L, V]: the
+    # smoothed target puts 1 - s on the label and s / V everywhere.
+    logits_BLV = logits_BLV.astype(jnp.float32)
+    lse_BL = jax.nn.logsumexp(logits_BLV, axis=-1)
+    label_BL = jnp.take_along_axis(logits_BLV, targets_BL[..., None], axis=-1)[..., 0]
+    ce_BL = lse_BL - label_BL
+    if label_smoothing:
+        ce_BL = lse_BL - (1 - label_smoothing) * label_BL - label_smoothing * jnp.mean(
+            logits_BLV, axis=-1)
+    tokens = jnp.maximum(jnp.sum(weights_BL), 1.0)
+    ce = jnp.sum(ce_BL * weights_BL) / tokens
+    loss = ce
+    if cfg.moe is not None:
+        loss = loss + cfg.moe.aux_loss_weight * aux["aux_loss"] + cfg.moe.z_loss_weight * aux["z_loss"]
+    accuracy = jnp.sum((jnp.argmax(logits_BLV, -1) == targets_BL) * weights_BL) / tokens
+    return loss, {"loss": loss, "cross_entropy": ce, "accuracy": accuracy, "tokens": tokens, **aux}
+
+
+def make_loss_fn(s: state_lib.Setup, label_smoothing: float = 0.0):
+    """loss_fn(params, batch, step) -> (loss, metrics); dropout/jitter keys derive from step.
+
+    Decoder-only: ``inputs`` predict ``targets``. Encoder-decoder: ``inputs`` are the source and
+    the decoder reads ``targets`` shifted right (T5: starting with the pad id 0)."""
+    graphdef, cfg, layout, seed = s.graphdef, s.cfg, s.layout, s.seed
+
+    def loss_fn(params, batch, step):
+        rng = jax.random.fold_in(jax.random.key(seed + 1), step)
+        logits, aux = forward(nnx.merge(graphdef, params), cfg, layout, batch, rng)
+        return lm_objective(logits, batch, aux, cfg, label_smoothing)
+    return loss_fn
+
+
+def forward(model, cfg: ModelConfig, layout: layout_lib.Layout, batch, rng=None):
+    """Logits and Switch stats of a batch (``rng`` None: evaluation mode)."""
+    with layout_lib.use(layout):
+        if cfg.is_encoder_decoder:
+            return model(batch["inputs"],
+                         shift_right(batch["targets"], batch.get("targets_segments")),
+                         src_positions=batch.get("inputs_positions"),
+                         src_segments=batch.get("inputs_segments"),
+                         tgt_positions=batch.get("targets_positions"),
+                         tgt_segments=batch.get("targets_segments"), rng=rng)
+        return model(batch["inputs"], positions_BL=batch.get("positions"),
+                     segments_BL=batch.get("segments"), rng=rng)
+
+
+def make_eval_step(s: state_lib.Setup):
+    """Jitted eval_step(params, batch) -> sums over the batch: nll, tokens, words, and the
+    Switch metrics at the evaluation capacity factor."""
+    graphdef, cfg, layout = s.graphdef, s.cfg, s.layout
+
+    def eval_step(params, batch):
+        logits_BLV, aux = forward(nnx.merge(graphdef, params), cfg, layout, batch)
+        weights_BL = batch["weights"].astype(jnp.float32)
+        logp_BLV = jax.nn.log_softmax(logits_BLV, axis=-1)
+        nll_BL = -jnp.take_along_axis(logp_BLV, batch["targets"][..., None], -1)[..., 0]
+        out = {"nll": jnp.sum(nll_BL * weights_BL), "tokens": jnp.sum(weights_BL),
+               "words": jnp.sum(batch.get("num_words", jnp.zeros((1,), jnp.int32)))}
+        for key in ("dropped_fraction", "expert_load"):
+            if key in aux:
+                out[key] = aux[key]
+        return out
+    return jax.jit(eval_step, in_shardings=(s.param_shardings, state_lib.batch_shardings(layout)))
+
+
+def shift_right(targets_BT, segments_BT=None):
+    """Decoder inputs: the targets one step later, starting with the pad id 0 (and, in packed
+    rows, restarting at 0 where each example begins)."""
+    shifted = jnp.pad(targets_BT, ((0, 0), (1, 0)))[:, :-1]
+    if segments_BT is None:
+        return shifted
+    starts = segments_BT != jnp.pad(segments_BT, ((0, 0), (1, 0)))[:, :-1]
+    return jnp.where(starts, 0, shifted)
+
+
+def make_train_step(s: state_lib.Setup, label_smoothing: float = 0.0, accumulate: int = 1):
+    """The one jitted step: loss, gradients (averaged over ``accumulate`` micro-batches),
+    optimizer update. The state is donated; batch fields are [batch, ...] arrays."""
+    tx, layout = s.tx, s.layout
+    loss_fn = make_loss_fn(s, label_smoothing)
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+
+    def train_step(state: state_lib.TrainState, batch):
+        if accumulate == 1:
+            grads, metrics = grad_fn(state.params, batch, state.step)
+        else:
+            micro = jax.tree.map(lambda x: x.reshape((accumulate, -1) + x.shape[1:]), batch)
+
+            def add(total, mb):
+                g, m = grad_fn(state.params, mb, state.step)
+                return jax.tree.map(jnp.add, total, (g, m)), None
+            zero = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro),
+                                  state.step)
+            zero = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), zero)
+            (grads, metrics), _ = jax.lax.scan(add, zero, micro)
+            grads, metrics = jax.tree.map(lambda x: x / accumulate, (grads, metrics))
+            metrics["tokens"] = metrics["tokens"] * accumulate
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        # The loss describes the parameters before this update; this flag, the ones after it.
+        metrics["params_finite"] = jnp.all(jnp.stack(
+            [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
+        return state_lib.TrainState(state.step + 1, params, opt_state), metrics
+
+    return jax.jit(train_step, in_shardings=(s.shardings, state_lib.batch_shardings(layout)),
+                   out_shardings=(s.shardings, layout.replicated()), donate_argnums=0)
+
+
+def global_batch(batch: dict, layout: layout_lib.Layout) -> dict:
+    """Every process reads the same global batch (the pipeline is deterministic); in a
+    multi-process run each contributes the shards its devices hold."""
+    if jax.process_count() == 1:
+        return batch
+    sharding = state_lib.batch_shardings(layout)
+    return {k: jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
+            for k, v in batch.items()}
