@@ -1,15 +1,15 @@
 """Where training metrics go: workdir/metrics.jsonl (one JSON object per logged step, fields
-in DESIGN.md), TensorBoard events, and a one-line progress bar on the terminal."""
+in docs/design.md), TensorBoard events, and a tqdm progress bar on the terminal."""
 from __future__ import annotations
 
 import hashlib
 import json
 import pathlib
 import sys
-import time
 
 import jax
 import numpy as np
+import tqdm
 
 
 def row(step: int, metrics: dict, learning_rate: float, tokens_per_sec: float) -> dict:
@@ -31,11 +31,16 @@ def digest(batch: dict) -> str:
 
 
 class Writer:
+    """metrics.jsonl, TensorBoard and the progress bar of one run; only process 0 writes."""
+
     def __init__(self, workdir, total_steps: int, start_step: int = 0, stream=sys.stderr):
         self.path = pathlib.Path(workdir)
-        self.total, self.start, self.stream = total_steps, start_step, stream
-        self.began = time.perf_counter()
         self.active = jax.process_index() == 0      # one process writes
+        # Steps, ETA from the steps run in this process (resumed ones excluded), loss, tok/s.
+        self.bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", file=stream,
+                             disable=not self.active, dynamic_ncols=True, leave=True,
+                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}"
+                                        "{postfix}]")
         if self.active:
             from tensorboardX import SummaryWriter
             self.tb = SummaryWriter(str(self.path / "tensorboard"))
@@ -58,19 +63,11 @@ class Writer:
         self.tb.flush()
 
     def progress(self, step: int, loss: float, tokens_per_sec: float) -> None:
-        if not self.active:
-            return
-        done = step - self.start
-        elapsed = time.perf_counter() - self.began
-        eta = elapsed / max(done, 1) * (self.total - step)
-        width = 24
-        filled = int(width * step / max(self.total, 1))
-        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] step {step}/{self.total} "
-                          f"loss {loss:.4f} {tokens_per_sec:,.0f} tok/s ETA {eta:,.0f}s ")
-        self.stream.flush()
+        """Moves the bar to ``step`` with the latest loss and tokens per second."""
+        self.bar.set_postfix_str(f"loss {loss:.4f}, {tokens_per_sec:,.0f} tok/s", refresh=False)
+        self.bar.update(step - self.bar.n)
 
     def close(self) -> None:
-        if not self.active:
-            return
-        self.stream.write("\n")
-        self.tb.close()
+        self.bar.close()
+        if self.active:
+            self.tb.close()

@@ -112,3 +112,36 @@ def test_eos_ends_a_sequence_and_sampling_is_seeded(checkpoint):
     np.testing.assert_array_equal(a, b)
     top1 = ours.generate(src, attention_mask=mask, max_new_tokens=8, do_sample=True, top_k=1)
     np.testing.assert_array_equal(top1, greedy)
+
+
+def test_beam_search_equals_an_exhaustive_search_on_a_tiny_vocabulary():
+    """With more beams than hypotheses, beam search must return the best of all sequences:
+    every sequence of up to T tokens ending in EOS (or, if none ends, T tokens), scored here
+    independently by teacher-forced log-probabilities / GNMT's ((5 + length) / 6) ** alpha."""
+    V, T, alpha, eos = 5, 3, 0.6, 1
+    cfg = zoo.get("t5_tiny").replace(vocab_size=V)
+    model = switchzoo.init(cfg, seed=7)
+    src = np.array([[2, 3, 4, 2, 1, 0], [4, 4, 2, 3, 3, 1]], np.int32)
+    mask = (src != 0).astype(np.int32)
+    # Teacher-forced log-probabilities of every token sequence of length T (prefixes included).
+    seqs = np.array(np.meshgrid(*[np.arange(V)] * T, indexing="ij")).reshape(T, -1).T   # [V^T, T]
+    best = []
+    for b in range(src.shape[0]):
+        rows = len(seqs)
+        dec_in = np.concatenate([np.zeros((rows, 1), np.int32), seqs[:, :-1]], 1)
+        logits = np.asarray(model(np.repeat(src[b:b + 1], rows, 0),
+                                  attention_mask=np.repeat(mask[b:b + 1], rows, 0),
+                                  decoder_input_ids=dec_in), np.float64)
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        token_logp = np.take_along_axis(logp, seqs[..., None], -1)[..., 0]        # [V^T, T]
+        scored = {}
+        for seq, lp in zip(seqs, token_logp):
+            ends = [t for t in range(T) if seq[t] == eos]
+            length = ends[0] + 1 if ends else T
+            out = tuple(seq[:length]) + (0,) * (T - length)
+            scored[out] = lp[:length].sum() / ((5.0 + length) / 6.0) ** alpha
+        finished = {s: v for s, v in scored.items() if eos in s}
+        best.append(max(finished or scored, key=(finished or scored).get))
+    got = model.generate(src, attention_mask=mask, max_new_tokens=T, num_beams=64,
+                         length_penalty=alpha, eos_token_id=eos)
+    np.testing.assert_array_equal(got[:, 1:], np.array(best))

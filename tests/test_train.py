@@ -1,4 +1,4 @@
-"""train.py as a user meets it: the loss falls and metrics.jsonl holds the DESIGN.md fields;
+"""train.py as a user meets it: the loss falls and metrics.jsonl holds the docs/design.md fields;
 bad flags are one-line errors that write nothing."""
 import json
 import os

@@ -4,8 +4,8 @@ the CLI lists everything."""
 import json
 import subprocess
 import sys
-import time
 
+import jax
 import pytest
 
 from switchzoo import zoo
@@ -16,13 +16,13 @@ PUBLISHED = {n: zoo.entry(n)["published"] for n in NAMES if "params" in zoo.entr
     "published", {})}
 
 
-def test_switch_c_2048_is_counted_from_abstract_shapes_in_seconds():
+def test_switch_c_2048_is_counted_from_abstract_shapes():
+    # 1.6T float32 parameters are 6 TB: counting them can only succeed from abstract shapes.
     zoo._param_shapes.cache_clear()
-    start = time.perf_counter()
+    before = len(jax.live_arrays())
     n = zoo.count_params("switch_c_2048")
-    elapsed = time.perf_counter() - start
     assert round(n / 1e9) == 1571
-    assert elapsed < 15, f"counting Switch-C took {elapsed:.1f}s; is something allocated?"
+    assert len(jax.live_arrays()) == before, "counting left arrays allocated"
 
 
 @pytest.mark.parametrize("name", NAMES)

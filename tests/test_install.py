@@ -1,0 +1,59 @@
+"""A built wheel carries the catalogue: installed into a fresh environment (no source tree on
+its path), it lists the zoo, the layouts and the tables and trains a step from another
+directory. The fresh environment borrows this one's dependencies (JAX, Flax, ...) by path, not
+switchzoo: the .pth that makes this checkout importable is never read there."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import sysconfig
+import textwrap
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+PROGRAM = textwrap.dedent("""
+    import json, pathlib, sys
+    import switchzoo
+    from switchzoo import layout, loop, tables, zoo
+    from switchzoo.configs import mini
+    config = mini.get_config("model=switch_tiny,steps=1")
+    config.log_every_steps, config.checkpoint_every_steps, config.eval_every_steps = 1, 1, 0
+    config.per_device_batch_size, config.max_length = 2, 32
+    config.data.vocab_size, config.data.embedded_max_pairs = 300, 2000
+    row = loop.train(config, sys.argv[1], print_fn=lambda *_: None)
+    print(json.dumps({"file": switchzoo.__file__, "zoo": zoo.names(),
+                      "layouts": sorted(layout.presets()), "tables": tables.names(),
+                      "loss": row["loss"], "step": row["step"]}))
+""")
+
+
+def test_a_wheel_installed_elsewhere_has_the_catalogue_and_trains(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(dist), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = dist.glob("switchzoo-*.whl")
+    env_dir = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True)
+    # The dependencies, by path: a plain directory entry, whose .pth files Python ignores.
+    ours = pathlib.Path(sysconfig.get_paths()["purelib"])
+    fresh = pathlib.Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True).stdout.strip())
+    (fresh / "deps.pth").write_text(f"{ours}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+    out = subprocess.run([str(python), "-c", PROGRAM, str(tmp_path / "run")], cwd=elsewhere,
+                         env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert pathlib.Path(got["file"]).is_relative_to(env_dir), got["file"]
+    assert {"switch_tiny", "switch_base_8", "switch_c_2048", "t5_base"} <= set(got["zoo"])
+    assert {"data_parallel", "dp_ep", "dp_mp_ep", "expert_parallel"} <= set(got["layouts"])
+    assert "switch_table1" in got["tables"] and "mtf_table2_lm1b_mini" in got["tables"]
+    assert got["step"] == 1 and got["loss"] > 0
+    assert (tmp_path / "run" / "checkpoints" / "1").is_dir()
