@@ -94,7 +94,7 @@ def write(path: str | os.PathLike, specs: dict, makers: dict, metadata=None) -> 
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for name in sorted(specs):
-            a = np.ascontiguousarray(makers[name]())
+            a = np.asarray(makers[name](), order="C")    # (ascontiguousarray: 0-d -> 1-d)
             if a.shape != tuple(specs[name][0]) or a.dtype != np.dtype(specs[name][1]):
                 raise TensorFileError(f"tensor {name}: made {a.shape} {a.dtype}, header says "
                                       f"{specs[name]}")

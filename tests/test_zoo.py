@@ -22,7 +22,7 @@ def test_switch_c_2048_is_counted_from_abstract_shapes():
     before = len(jax.live_arrays())
     n = zoo.count_params("switch_c_2048")
     assert round(n / 1e9) == 1571
-    assert len(jax.live_arrays()) == before, "counting left arrays allocated"
+    assert len(jax.live_arrays()) <= before, "counting left arrays allocated"
 
 
 @pytest.mark.parametrize("name", NAMES)
