@@ -18,7 +18,7 @@ NEG_INF = -1e9
 
 def _prepare(model, src_BS, src_seg_BS, batch: int, max_new: int):
     """(first decoder tokens [B, L0], their segments, cache, start index, encoder segments)."""
-    if hasattr(model, "encoder"):
+    if model.cfg.is_encoder_decoder:
         enc_BSD, _ = model.encode(src_BS, segments_BS=src_seg_BS)
         cache = model.init_cache(batch, max_new, enc_BSD)
         first = jnp.zeros((batch, 1), jnp.int32)

@@ -81,7 +81,7 @@ def config_from_hf(hf: dict, sparse: dict[str, tuple[int, ...]]) -> ModelConfig:
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     """A SwitchTransformers config.json for a model that did not come from one."""
-    if not cfg.num_encoder_layers or cfg.activation != "relu":
+    if not cfg.is_encoder_decoder or cfg.activation != "relu":
         raise CheckpointError("the Hugging Face SwitchTransformers format holds ReLU "
                               "encoder-decoders only; this model is decoder-only or gated")
     moe = cfg.moe or MoeConfig(num_experts=1)

@@ -227,5 +227,5 @@ def _stack(stats: list[dict]) -> dict:
 
 
 def build(cfg: ModelConfig, seed: int = 0) -> DecoderLM | EncoderDecoder:
-    cls = EncoderDecoder if cfg.num_encoder_layers else DecoderLM
+    cls = EncoderDecoder if cfg.is_encoder_decoder else DecoderLM
     return cls(cfg, nnx.Rngs(params=seed))

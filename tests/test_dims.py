@@ -1,4 +1,5 @@
 """The vocabulary in switchzoo/dims.py is exactly what the code and the shipped layouts use."""
+import functools
 import pathlib
 import re
 
@@ -19,7 +20,8 @@ class Recording(L.Layout):
         return super().constrain(x, names)
 
 
-def names_used_by_models() -> set[str]:
+@functools.cache
+def names_used_by_models() -> frozenset[str]:
     """Parameter and activation dims of a traced training forward pass of the smallest
     catalogue model of every kind (abstractly: nothing is allocated)."""
     used = set()
@@ -43,7 +45,7 @@ def names_used_by_models() -> set[str]:
             return model(*args, rng=jax.random.key(0))
         with L.use(lay):
             jax.eval_shape(forward, ids)
-    return used | Recording.seen
+    return frozenset(used | Recording.seen)
 
 
 def source_files():
