@@ -313,8 +313,8 @@ def _rerun_with_devices(argv: list[str], n: int) -> int:
 def _preset_mesh(layout: str) -> str:
     preset = layout_lib.presets().get(layout)
     if preset is None:
-        raise ValueError(f"--mesh is needed with a literal layout string (e.g. "
-                         f"--mesh data:2,model:2,expert:2)")
+        raise ValueError("--mesh is needed with a literal layout string (e.g. "
+                         "--mesh data:2,model:2,expert:2)")
     return preset.mesh
 
 

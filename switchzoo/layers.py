@@ -1,6 +1,7 @@
 """Named-dimension building blocks: embeddings, RMSNorm, T5 attention with relative-position
-bias, and the feed-forward MLP (``mlp``) that the dense block and every expert share. Every parameter carries ``dims`` metadata from switchzoo.dims; key
-activations are pinned with ``layout.constrain``. Shapes live in the suffixes (``x_BLD``)."""
+bias, and the feed-forward MLP (``mlp``) that the dense block and every expert share. Every
+parameter carries ``dims`` metadata from switchzoo.dims; key activations are pinned with
+``layout.constrain``. Shapes live in the suffixes (``x_BLD``)."""
 from __future__ import annotations
 
 import math

@@ -1,6 +1,7 @@
 """The Switch feed-forward layer: route tokens within groups, dispatch them to experts by einsum,
-run each expert's MLP (layers.mlp, the dense block's), combine. With the experts dim laid out over a mesh axis, the
-dispatch and combine einsums compile to all-to-all (tokens move; expert weights stay put)."""
+run each expert's MLP (layers.mlp, the dense block's), combine. With the experts dim laid out
+over a mesh axis, the dispatch and combine einsums compile to all-to-all (tokens move; expert
+weights stay put)."""
 from __future__ import annotations
 
 import jax

@@ -111,7 +111,8 @@ def _jsonable(x):
 
 
 def write_results(workdir, results: dict) -> pathlib.Path:
-    """Write workdir/results.json atomically (switchzoo.atomic), so a reader (tables.collect, a crashed eval) never sees half a file."""
+    """Write workdir/results.json atomically (switchzoo.atomic), so a reader (tables.collect,
+    a crashed eval) never sees half a file."""
     text = json.dumps(results, indent=1, default=_jsonable, allow_nan=False) + "\n"
     return atomic.write_text(pathlib.Path(workdir) / RESULTS_FILE, text)
 

@@ -5,6 +5,7 @@ switchzoo: the .pth that makes this checkout importable is never read there."""
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -29,9 +30,16 @@ PROGRAM = textwrap.dedent("""
 
 
 def test_a_wheel_installed_elsewhere_has_the_catalogue_and_trains(tmp_path):
+    # Built from a copy of what the package is made of, so the checkout gains no build/.
+    source = tmp_path / "source"
+    for part in ("switchzoo", "models", "layouts", "configs"):
+        shutil.copytree(ROOT / part, source / part,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / part, source / part)
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(dist), str(ROOT)], check=True, capture_output=True)
+                    "-q", "-w", str(dist), str(source)], check=True, capture_output=True)
     (wheel,) = dist.glob("switchzoo-*.whl")
     env_dir = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
