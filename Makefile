@@ -18,7 +18,7 @@ demo: $(VENV)/.installed      ## trains a small Switch translator on CPU, then B
 	$(PY) eval.py --workdir=workdirs/demo
 
 test: $(VENV)/.installed      ## the test suite, on 8 simulated CPU devices
-	$(DEVICES) $(PY) -m pytest -q -n 3 --dist worksteal --durations=10 tests
+	$(DEVICES) $(PY) -m pytest -q -n 2 --dist worksteal --durations=10 tests
 
 figures: $(VENV)/.installed   ## the Mesh-TensorFlow paper's figures 2-4 -> docs/figures
 	$(PY) examples/mtf_two_layer.py --out docs/figures

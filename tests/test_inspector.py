@@ -10,6 +10,8 @@ import pytest
 
 from switchzoo import inspector
 
+from conftest import FAST_COMPILE
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HLO = """
   %all-to-all.3 = (f32[4,1,5,64]{3,2,1,0}, f32[4,1,5,64]{3,2,1,0}) all-to-all(f32[4,1,5,64]{3,2,1,0} %a, f32[4,1,5,64]{3,2,1,0} %b), replica_groups={{0,1}}
@@ -55,7 +57,7 @@ def test_pure_data_parallel_has_no_all_to_all_and_replicates_every_weight():
 
 
 def test_command_line_json_table_and_figure(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, XLA_FLAGS=f"{FAST_COMPILE} --xla_force_host_platform_device_count=8")
     base = [sys.executable, "-m", "switchzoo.layout", "--model", "switch_tiny",
             "--mesh", "data:2,model:2,expert:2", "--layout", "dp_mp_ep"]
     figure = tmp_path / "wi.png"

@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 
+from conftest import FAST_COMPILE
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -23,7 +25,8 @@ def args(workdir, steps):
 
 
 def env(devices):
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    return {**os.environ,
+            "XLA_FLAGS": f"{FAST_COMPILE} --xla_force_host_platform_device_count={devices}",
             "PYTHONUNBUFFERED": "1"}
 
 

@@ -11,9 +11,11 @@ import subprocess
 import sys
 import time
 
+from conftest import FAST_COMPILE
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # One CPU device (quick start-up per process); unbuffered, so a killed run's output survives.
-ENV = {**os.environ, "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1"}
+ENV = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "PYTHONUNBUFFERED": "1"}
 
 
 def command(workdir, steps, every):

@@ -12,6 +12,8 @@ import pytest
 from switchzoo.configs import demo
 from switchzoo import loop
 
+from conftest import FAST_COMPILE
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -46,7 +48,7 @@ def test_loss_falls_and_metrics_are_written(tmp_path):
 def test_train_py_rejects_bad_flags_in_one_line(tmp_path, flag, message):
     out = subprocess.run([sys.executable, "train.py", "--config=configs/demo.py", flag,
                           f"--workdir={tmp_path}"], capture_output=True, text=True, cwd=ROOT,
-                         timeout=120, env={**os.environ, "XLA_FLAGS": ""})
+                         timeout=120, env={**os.environ, "XLA_FLAGS": FAST_COMPILE})
     assert out.returncode == 2
     assert message in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
     assert not any(tmp_path.iterdir()), "a failed start must not write into the workdir"
