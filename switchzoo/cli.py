@@ -1,7 +1,9 @@
 """What train.py and eval.py share: bad flags and bad input as one-line errors, exit code 2."""
 from __future__ import annotations
 
+import importlib.resources
 import os
+import pathlib
 import sys
 
 from absl import flags
@@ -14,10 +16,34 @@ def one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
+def config_path(path: str) -> str:
+    """``configs/NAME.py`` as given when it exists here (a clone), else the copy installed in
+    the package (switchzoo.configs), else as given (and the loader's error names it)."""
+    if pathlib.Path(path).exists():
+        return path
+    parent, name = pathlib.Path(path).parent.name, pathlib.Path(path).name
+    if parent in ("configs", "") and name.endswith(".py"):
+        packaged = importlib.resources.files("switchzoo.configs") / name
+        if packaged.is_file():
+            return str(packaged)
+    return path
+
+
+def _packaged_configs(argv: list[str]) -> list[str]:
+    """Each --config=FILE[:variant] resolved by config_path."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--config="):
+            path, sep, variant = arg[len("--config="):].partition(":")
+            arg = f"--config={config_path(path)}{sep}{variant}"
+        out.append(arg)
+    return out
+
+
 def parse_flags(argv):
     """absl's parser, with a bad --config file or override as a one-line error."""
     try:
-        argv = flags.FLAGS(argv)
+        argv = flags.FLAGS(_packaged_configs(argv))
         if flags.FLAGS["config"].value is not None or flags.FLAGS["config"].present:
             flags.FLAGS.config.to_dict()    # the config file loads lazily: load it now
         return argv

@@ -1,6 +1,6 @@
 """A built wheel carries the catalogue: installed into a fresh environment (no source tree on
 its path), it lists the zoo, the layouts and the tables and trains a step from another
-directory. The fresh environment borrows this one's dependencies (JAX, Flax, ...) by path, not
+directory, from Python and with its switchzoo-train command. The fresh environment borrows this one's dependencies (JAX, Flax, ...) by path, not
 switchzoo: the .pth that makes this checkout importable is never read there."""
 import json
 import os
@@ -68,3 +68,16 @@ def test_a_wheel_installed_elsewhere_has_the_catalogue_and_trains(tmp_path):
     assert "switch_table1" in got["tables"] and "mtf_table2_lm1b_mini" in got["tables"]
     assert got["step"] == 1 and got["loss"] > 0
     assert (tmp_path / "run" / "checkpoints" / "1").is_dir()
+    # The installed command line, with the README's config path, which exists only in the
+    # package here: resumes the run above for one more step.
+    cmd = [str(env_dir / "bin" / "switchzoo-train"),
+           "--config=configs/mini.py:model=switch_tiny,steps=2", "--config.log_every_steps=1",
+           "--config.checkpoint_every_steps=1", "--config.eval_every_steps=0",
+           "--config.per_device_batch_size=2", "--config.max_length=32",
+           "--config.data.vocab_size=300", "--config.data.embedded_max_pairs=2000",
+           f"--workdir={tmp_path / 'run'}"]
+    out = subprocess.run(cmd, cwd=elsewhere, capture_output=True, text=True,
+                         env={**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resuming at step 1" in out.stdout
+    assert (tmp_path / "run" / "checkpoints" / "2").is_dir()

@@ -57,7 +57,7 @@ def test_train_py_rejects_bad_flags_in_one_line(tmp_path, flag, message):
 @pytest.mark.parametrize("name", ["demo", "wmt", "lm1b", "mini"])
 def test_every_run_config_loads_opens_with_its_command_and_refuses_unknown_variants(name):
     import importlib
-    module = importlib.import_module(f"configs.{name}")
+    module = importlib.import_module(f"switchzoo.configs.{name}")
     assert module.__doc__.lstrip().startswith("python train.py --config=configs/" + name)
     config = module.get_config("steps=7")
     assert config.num_train_steps == 7 and config.model and config.task in ("translation", "lm")

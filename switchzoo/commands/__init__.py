@@ -1,0 +1,3 @@
+"""The command lines: ``train`` and ``eval`` (each defines its own absl flags, so each is its own
+module). A clone runs them as ``python train.py`` / ``python eval.py``; an installed package as
+``switchzoo-train`` / ``switchzoo-eval``."""
