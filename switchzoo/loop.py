@@ -8,7 +8,6 @@ import json
 import pathlib
 import signal
 import threading
-import time
 
 import jax
 import numpy as np
@@ -79,27 +78,30 @@ def train(config, workdir, print_fn=print) -> dict:
     step_fn = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps)
     eval_fn = steps.make_eval_step(setup)
     writer = metrics_lib.Writer(workdir, config.num_train_steps, start)
-    last, clock = {}, time.perf_counter()
+    last, throughput = {}, metrics_lib.Throughput()
     with Preemption() as preempted:
         try:
             for step in range(start + 1, config.num_train_steps + 1):
                 batch = next(ds.train)
                 state, m = step_fn(state, steps.global_batch(batch, layout))
+                throughput.add(m["tokens"])
+                if step == start + 1:
+                    throughput.restart(state)        # this process's first step: it compiled
                 stopping = preempted() or ckpt.manager.reached_preemption(step)
                 final = step == config.num_train_steps or stopping
                 saving = final or ckpt.manager.should_save(step)
                 if step % config.log_every_steps == 0 or saving:
                     m = jax.device_get(m)
                     check_finite(step, m)            # never checkpoint a diverged state
-                    elapsed, clock = time.perf_counter() - clock, time.perf_counter()
-                    tokens = float(m["tokens"]) * config.log_every_steps
-                    last = metrics_lib.row(step, m, float(schedule(step - 1)), tokens / elapsed)
+                    last = metrics_lib.row(step, m, float(schedule(step - 1)),
+                                           throughput.rate())
                     last["batch_sha1"] = metrics_lib.digest(batch)
                     writer.write(last)
                     writer.progress(step, last["loss"], last["tokens_per_sec"])
                 if config.eval_every_steps and step % config.eval_every_steps == 0:
                     writer.write({"step": step, **evaluate.evaluate_loss(
                         eval_fn, state.params, ds, layout)}, "eval")
+                    throughput.restart(state)
                 ckpt.save(step, state, ds.train.get_state(), force=final)
                 if stopping:
                     print_fn(f"\npreempted: saved step {step}; run the same command to resume")

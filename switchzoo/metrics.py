@@ -6,13 +6,14 @@ import hashlib
 import json
 import pathlib
 import sys
+import time
 
 import jax
 import numpy as np
 import tqdm
 
 
-def row(step: int, metrics: dict, learning_rate: float, tokens_per_sec: float) -> dict:
+def row(step: int, metrics: dict, learning_rate: float, tokens_per_sec: float | None) -> dict:
     """The metrics.jsonl record of one logged step (per-layer Switch metrics as lists)."""
     out = {"step": step, "learning_rate": learning_rate, "tokens_per_sec": tokens_per_sec}
     for key, value in metrics.items():
@@ -28,6 +29,32 @@ def digest(batch: dict) -> str:
         h.update(key.encode())
         h.update(np.ascontiguousarray(batch[key]).tobytes())
     return h.hexdigest()
+
+
+class Throughput:
+    """Target tokens per second over the steps a log row covers, without compile or eval time:
+    ``add`` each step's token count (a device scalar: no sync), ``restart`` after anything that
+    is not training (it waits for the state, then starts a new interval), ``rate`` at a log
+    step (None when the interval holds no step)."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.restart()
+
+    def add(self, tokens) -> None:
+        self.tokens, self.steps = self.tokens + tokens, self.steps + 1
+
+    def restart(self, wait_for=None) -> None:
+        if wait_for is not None:
+            jax.block_until_ready(wait_for)
+        self.tokens, self.steps, self.start = 0.0, 0, self.clock()
+
+    def rate(self) -> float | None:
+        """Tokens per second since the last restart (call after the step's metrics are read,
+        so the steps have run); then restarts."""
+        tokens, steps, seconds = float(self.tokens), self.steps, self.clock() - self.start
+        self.restart()
+        return tokens / seconds if steps and seconds > 0 else None
 
 
 class Writer:
@@ -62,9 +89,10 @@ class Writer:
                     self.tb.add_scalar(f"{prefix}/{key}/layer{i}", float(v), step)
         self.tb.flush()
 
-    def progress(self, step: int, loss: float, tokens_per_sec: float) -> None:
+    def progress(self, step: int, loss: float, tokens_per_sec: float | None) -> None:
         """Moves the bar to ``step`` with the latest loss and tokens per second."""
-        self.bar.set_postfix_str(f"loss {loss:.4f}, {tokens_per_sec:,.0f} tok/s", refresh=False)
+        rate = "" if tokens_per_sec is None else f", {tokens_per_sec:,.0f} tok/s"
+        self.bar.set_postfix_str(f"loss {loss:.4f}{rate}", refresh=False)
         self.bar.update(step - self.bar.n)
 
     def close(self) -> None:

@@ -12,8 +12,14 @@ from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig
 
 
-def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: float = 0.0):
-    """Cross-entropy (with optional label smoothing) + weighted aux and z losses."""
+def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: float = 0.0,
+                 tokens=None, share: float = 1.0):
+    """Cross-entropy (with optional label smoothing) + weighted aux and z losses.
+
+    A micro-batch of an accumulated step passes the whole batch's target ``tokens`` (its
+    cross-entropy and accuracy are then its share of the whole batch's, token-weighted) and its
+    ``share`` of the routing losses (1 / micro-batches), so the micro-batch terms sum to the
+    whole batch's."""
     targets_BL, weights_BL = batch["targets"], batch["weights"].astype(jnp.float32)
     # -sum(smoothed one-hot * log_softmax) without building the one-hot [B, L, V]: the
     # smoothed target puts 1 - s on the label and s / V everywhere.
@@ -24,26 +30,34 @@ def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: floa
     if label_smoothing:
         ce_BL = lse_BL - (1 - label_smoothing) * label_BL - label_smoothing * jnp.mean(
             logits_BLV, axis=-1)
-    tokens = jnp.maximum(jnp.sum(weights_BL), 1.0)
+    own = jnp.sum(weights_BL)
+    tokens = jnp.maximum(own if tokens is None else tokens, 1.0)
     ce = jnp.sum(ce_BL * weights_BL) / tokens
     loss = ce
     if cfg.moe is not None:
-        loss = loss + cfg.moe.aux_loss_weight * aux["aux_loss"] + cfg.moe.z_loss_weight * aux["z_loss"]
+        loss = loss + share * (cfg.moe.aux_loss_weight * aux["aux_loss"]
+                               + cfg.moe.z_loss_weight * aux["z_loss"])
     accuracy = jnp.sum((jnp.argmax(logits_BLV, -1) == targets_BL) * weights_BL) / tokens
-    return loss, {"loss": loss, "cross_entropy": ce, "accuracy": accuracy, "tokens": tokens, **aux}
+    return loss, {"loss": loss, "cross_entropy": ce, "accuracy": accuracy, "tokens": own, **aux}
+
+
+def step_key(seed: int, step, micro=None):
+    """The dropout / jitter key of a step (and of micro-batch ``micro`` of an accumulated one)."""
+    key = jax.random.fold_in(jax.random.key(seed + 1), step)
+    return key if micro is None else jax.random.fold_in(key, micro)
 
 
 def make_loss_fn(s: state_lib.Setup, label_smoothing: float = 0.0):
-    """loss_fn(params, batch, step) -> (loss, metrics); dropout/jitter keys derive from step.
+    """loss_fn(params, batch, rng, tokens=None, share=1.0) -> (loss, metrics) (see
+    lm_objective for ``tokens`` and ``share``).
 
     Decoder-only: ``inputs`` predict ``targets``. Encoder-decoder: ``inputs`` are the source and
     the decoder reads ``targets`` shifted right (T5: starting with the pad id 0)."""
-    graphdef, cfg, layout, seed = s.graphdef, s.cfg, s.layout, s.seed
+    graphdef, cfg, layout = s.graphdef, s.cfg, s.layout
 
-    def loss_fn(params, batch, step):
-        rng = jax.random.fold_in(jax.random.key(seed + 1), step)
+    def loss_fn(params, batch, rng, tokens=None, share=1.0):
         logits, aux = forward(nnx.merge(graphdef, params), cfg, layout, batch, rng)
-        return lm_objective(logits, batch, aux, cfg, label_smoothing)
+        return lm_objective(logits, batch, aux, cfg, label_smoothing, tokens, share)
     return loss_fn
 
 
@@ -90,28 +104,52 @@ def shift_right(targets_BT, segments_BT=None):
     return jnp.where(starts, 0, shifted)
 
 
+def micro_batches(batch: dict, accumulate: int) -> dict:
+    """[accumulate, batch / accumulate, ...] with micro-batch i = rows i, i + accumulate, ...:
+    strided, so every micro-batch has rows on every device that holds the batch (a contiguous
+    split would put each on a fraction of them) and splitting moves no data."""
+    def split(x):
+        if x.shape[0] % accumulate:
+            raise ValueError(f"grad_accum_steps={accumulate} does not divide the batch of "
+                             f"{x.shape[0]} rows; make per_device_batch_size x devices a "
+                             "multiple of it")
+        return jnp.swapaxes(x.reshape((x.shape[0] // accumulate, accumulate) + x.shape[1:]),
+                            0, 1)
+    return jax.tree.map(split, batch)
+
+
 def make_train_step(s: state_lib.Setup, label_smoothing: float = 0.0, accumulate: int = 1):
-    """The one jitted step: loss, gradients (averaged over ``accumulate`` micro-batches),
-    optimizer update. The state is donated; batch fields are [batch, ...] arrays."""
-    tx, layout = s.tx, s.layout
+    """The one jitted step: loss, gradients, optimizer update. The state is donated; batch
+    fields are [batch, ...] arrays.
+
+    With ``accumulate`` > 1 the batch runs as that many strided micro-batches (micro_batches),
+    each with its own dropout / jitter key; their gradients add up to the whole batch's: the
+    cross-entropy token-weighted over the whole batch, the routing losses averaged over the
+    micro-batches (each a mean over its own routing groups)."""
+    tx, layout, seed = s.tx, s.layout, s.seed
     loss_fn = make_loss_fn(s, label_smoothing)
     grad_fn = jax.grad(loss_fn, has_aux=True)
 
     def train_step(state: state_lib.TrainState, batch):
         if accumulate == 1:
-            grads, metrics = grad_fn(state.params, batch, state.step)
+            grads, metrics = grad_fn(state.params, batch, step_key(seed, state.step))
         else:
-            micro = jax.tree.map(lambda x: x.reshape((accumulate, -1) + x.shape[1:]), batch)
+            micro = micro_batches(batch, accumulate)
+            tokens = jnp.sum(batch["weights"].astype(jnp.float32))
 
-            def add(total, mb):
-                g, m = grad_fn(state.params, mb, state.step)
+            def add(total, i):
+                mb = jax.tree.map(lambda x: x[i], micro)
+                g, m = grad_fn(state.params, mb, step_key(seed, state.step, i),
+                               tokens, 1.0 / accumulate)
                 return jax.tree.map(jnp.add, total, (g, m)), None
-            zero = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro),
-                                  state.step)
+            zero = jax.eval_shape(lambda: grad_fn(state.params, jax.tree.map(
+                lambda x: x[0], micro), step_key(seed, state.step, 0), tokens, 1.0))
             zero = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), zero)
-            (grads, metrics), _ = jax.lax.scan(add, zero, micro)
-            grads, metrics = jax.tree.map(lambda x: x / accumulate, (grads, metrics))
-            metrics["tokens"] = metrics["tokens"] * accumulate
+            (grads, metrics), _ = jax.lax.scan(add, zero, jnp.arange(accumulate))
+            # Summed over micro-batches: loss, cross_entropy, accuracy and tokens are the whole
+            # batch's already; the routing metrics become their mean.
+            summed = ("loss", "cross_entropy", "accuracy", "tokens")
+            metrics = {k: v if k in summed else v / accumulate for k, v in metrics.items()}
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         # The loss describes the parameters before this update; this flag, the ones after it.

@@ -80,3 +80,24 @@ def test_cross_entropy_equals_the_smoothed_one_hot_formula(smoothing):
     want = jnp.sum(-jnp.sum(target * jax.nn.log_softmax(logits), -1) * weights) / 5
     got = lm_objective(logits, {"targets": targets, "weights": weights}, {}, cfg, smoothing)[0]
     np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+
+
+def test_tokens_per_second_covers_only_the_steps_it_reports():
+    from switchzoo import metrics
+    now = [0.0]
+    meter = metrics.Throughput(clock=lambda: now[0])
+    meter.add(100.0)
+    now[0] = 30.0                       # the first step, compile included
+    meter.restart()
+    assert meter.rate() is None         # a row that covers no timed step says so
+    meter.add(100.0)
+    meter.add(120.0)
+    now[0] = 32.0
+    assert meter.rate() == 110.0        # 220 tokens in 2 s, whatever the logging interval
+    meter.add(50.0)
+    now[0] = 33.0
+    now[0] = 40.0                       # an evaluation ...
+    meter.restart()                     # ... is not training time
+    meter.add(60.0)
+    now[0] = 41.0
+    assert meter.rate() == 60.0

@@ -1,0 +1,75 @@
+"""The jitted train step's gradient accumulation: micro-batches add up to the whole batch's
+gradient with token-weighted cross-entropy, each draws its own dropout key, and the strided split
+moves no data between devices."""
+import jax
+import numpy as np
+import pytest
+
+from switchzoo import data, zoo
+from switchzoo import state as state_lib
+from switchzoo import steps
+from switchzoo.inspector import count_collectives
+
+DENSE = zoo.get("dense_tiny")
+BATCH = next(data.byte_lm_batches(16, 32, seed=1))
+
+
+def gradient(setup, batch, accumulate):
+    """The step's own gradient, read off Adam's first moment (mu = (1 - b1) g after one step)."""
+    new_state, metrics = steps.make_train_step(setup, accumulate=accumulate)(setup.init(), batch)
+    mu = jax.device_get(new_state.opt_state[0].mu)
+    return jax.tree.map(lambda m: m / (1 - 0.9), mu), jax.device_get(metrics)
+
+
+def one_device(cfg):
+    return state_lib.setup(cfg, "data_parallel", "data:1", devices=jax.devices()[:1],
+                           optimizer="adamw")
+
+
+def test_accumulation_weighs_micro_batches_by_their_tokens():
+    batch = dict(BATCH)
+    weights = np.ones_like(batch["weights"])
+    weights[0::2, 8:] = 0.0            # micro-batch 0 (the even rows) has far fewer tokens
+    batch["weights"] = weights
+    setup = one_device(DENSE)
+    whole, m1 = gradient(setup, batch, 1)
+    accumulated, m2 = gradient(setup, batch, 2)
+    for key in ("loss", "cross_entropy", "accuracy", "tokens"):
+        np.testing.assert_allclose(m2[key], m1[key], rtol=1e-5, err_msg=key)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7),
+                 accumulated, whole)
+
+
+def test_each_micro_batch_draws_its_own_dropout_key():
+    setup = one_device(DENSE.replace(dropout=0.3))
+    batch = {k: np.repeat(v[:8], 2, axis=0) for k, v in BATCH.items()}   # rows 2i = 2i + 1
+    micro = jax.tree.map(lambda x: x[0], steps.micro_batches(batch, 2))   # = the odd rows too
+    grad_fn = jax.jit(jax.grad(steps.make_loss_fn(setup), has_aux=True))
+    params = setup.init().params
+    g0, _ = grad_fn(params, micro, steps.step_key(setup.seed, 0, 0))
+    g1, _ = grad_fn(params, micro, steps.step_key(setup.seed, 0, 1))
+    assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)))
+    accumulated, _ = gradient(setup, batch, 2)
+    jax.tree.map(lambda a, b, c: np.testing.assert_allclose(a, (b + c) / 2, rtol=1e-4,
+                                                            atol=1e-7), accumulated, g0, g1)
+
+
+def test_strided_micro_batches_span_every_device_and_move_no_data():
+    setup = state_lib.setup(zoo.get("switch_tiny"), "data_parallel", "data:8",
+                            optimizer="adamw")
+    batch = jax.device_put(BATCH, state_lib.batch_shardings(setup.layout))
+    micro = steps.micro_batches(batch, 2)
+    assert micro["inputs"].shape == (2, 8, 32)
+    np.testing.assert_array_equal(micro["inputs"][1], BATCH["inputs"][1::2])
+
+    def collectives(accumulate):
+        step = steps.make_train_step(setup, accumulate=accumulate)
+        return count_collectives(step.lower(setup.abstract, batch).compile().as_text())
+    one, two = collectives(1), collectives(2)
+    for kind in ("all-to-all", "all-gather", "collective-permute"):
+        assert two[kind] <= one[kind], (kind, one, two)
+
+
+def test_a_batch_the_micro_batches_do_not_divide_is_refused():
+    with pytest.raises(ValueError, match="grad_accum_steps=3 does not divide the batch of 16"):
+        steps.micro_batches(BATCH, 3)
