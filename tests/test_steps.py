@@ -55,8 +55,7 @@ def test_each_micro_batch_draws_its_own_dropout_key():
 
 
 def test_strided_micro_batches_span_every_device_and_move_no_data():
-    setup = state_lib.setup(zoo.get("switch_tiny"), "data_parallel", "data:8",
-                            optimizer="adamw")
+    setup = state_lib.setup(DENSE, "data_parallel", "data:8", optimizer="adamw")
     batch = jax.device_put(BATCH, state_lib.batch_shardings(setup.layout))
     micro = steps.micro_batches(batch, 2)
     assert micro["inputs"].shape == (2, 8, 32)
