@@ -95,14 +95,14 @@ class Model:
 def init(model: str | ModelConfig, seed: int = 0, mesh=None, layout=None) -> Model:
     """A freshly initialised model (a catalogue name or a ModelConfig), born sharded on
     ``mesh`` under ``layout`` (default: every local device holds the whole model)."""
-    setup = state_lib.setup(model, layout or "data_parallel", mesh, seed=seed)
+    setup = state_lib.setup(model, layout, mesh, seed=seed)
     return Model(setup.cfg, setup.graphdef, setup.init(), setup.layout)
 
 
 def from_pretrained(path, mesh=None, layout=None) -> Model:
     """Loads a Hugging Face SwitchTransformers directory onto ``mesh`` under ``layout``."""
     pretrained = hf.read_config(path)
-    setup = state_lib.setup(pretrained.cfg, layout or "data_parallel", mesh)
+    setup = state_lib.setup(pretrained.cfg, layout, mesh)
     params, facts = hf.load_params(pretrained, setup)
     return Model(setup.cfg, setup.graphdef, params, setup.layout, pretrained.hf_config, facts)
 

@@ -40,6 +40,7 @@ def train(config, workdir, print_fn=print) -> dict:
     """Runs (or resumes) the run of ``config`` in ``workdir``; returns the last logged row."""
     workdir = pathlib.Path(workdir)
     layout = state_lib.run_layout(config)       # mesh errors before anything is written
+    state_lib.check_accumulation(config)
     zoo.entry(config.model)
     lead = jax.process_index() == 0
     if not lead:

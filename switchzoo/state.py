@@ -176,25 +176,24 @@ class Setup:
     def param_shardings(self):
         return self.shardings.params if self.tx is not None else self.shardings
 
+    def _around(self, params):
+        """``params`` as this set-up holds them: alone, or in a TrainState at step 0."""
+        if self.tx is None:
+            return params
+        return TrainState(jnp.zeros((), jnp.int32), params, self.tx.init(params))
+
     def init(self):
         """A fresh state (or parameters, without an optimizer), born in its shardings."""
-        cfg, seed, tx = self.cfg, self.seed, self.tx
-
-        def init():
-            params = nnx.to_pure_dict(nnx.state(transformer.build(cfg, seed)))
-            if tx is None:
-                return params
-            return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-        return jax.jit(init, out_shardings=self.shardings)()
+        cfg, seed = self.cfg, self.seed
+        return jax.jit(lambda: self._around(nnx.to_pure_dict(nnx.state(
+            transformer.build(cfg, seed)))), out_shardings=self.shardings)()
 
     def state_from(self, params):
-        """A TrainState at step 0 around ``params`` (e.g. loaded from Hugging Face)."""
-        tx = self.tx
-        return jax.jit(lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)),
-                       out_shardings=self.shardings)(params)
+        """The state at step 0 around ``params`` (e.g. loaded from Hugging Face)."""
+        return jax.jit(self._around, out_shardings=self.shardings)(params)
 
 
-def setup(model: str | ModelConfig, layout: str | layout_lib.Layout = "data_parallel",
+def setup(model: str | ModelConfig, layout: str | layout_lib.Layout | None = "data_parallel",
           mesh: str | jax.sharding.Mesh | None = None, *, devices=None,
           optimizer: str | optax.GradientTransformation | None = None, seed: int = 0,
           update_axis: str | None = None) -> Setup:
@@ -216,9 +215,10 @@ def setup(model: str | ModelConfig, layout: str | layout_lib.Layout = "data_para
     return Setup(cfg, layout, graphdef, dims, abstract, shardings, tx, seed)
 
 
-def make_layout(layout: str = "data_parallel", mesh=None, devices=None) -> layout_lib.Layout:
-    """A preset or layout string on a Mesh or mesh spec; without a mesh, the preset's, else
-    every device on the 'data' axis."""
+def make_layout(layout: str | None = "data_parallel", mesh=None,
+                devices=None) -> layout_lib.Layout:
+    """A preset or layout string (None: data_parallel) on a Mesh or mesh spec; without a mesh,
+    the preset's, else every device on the 'data' axis."""
     layout = layout or "data_parallel"
     if mesh is None or mesh == "":
         preset = layout_lib.presets().get(layout)
@@ -233,6 +233,15 @@ def make_layout(layout: str = "data_parallel", mesh=None, devices=None) -> layou
 def run_layout(config) -> layout_lib.Layout:
     """The mesh and layout a run config asks for (errors before anything is written)."""
     return make_layout(config.layout, config.mesh or None)
+
+
+def check_accumulation(config) -> None:
+    """grad_accum_steps must be >= 1 and divide the global batch (checked before anything is
+    written; steps.micro_batches checks the arrays themselves)."""
+    accumulate, batch = config.grad_accum_steps, global_batch_size(config)
+    if accumulate < 1 or batch % accumulate:
+        raise ValueError(f"grad_accum_steps={accumulate} must be >= 1 and divide the global "
+                         f"batch of {batch} rows (per_device_batch_size x devices)")
 
 
 def run_model_config(config, vocab_size: int) -> ModelConfig:

@@ -31,8 +31,8 @@ class Block(nnx.Module):
             self.cross_norm = RMSNorm(cfg.d_model)
             self.cross = Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, rngs)
         self.ffn_norm = RMSNorm(cfg.d_model)
-        self.sparse = cfg.moe is not None and cfg.moe.is_sparse(index, encoder)
-        self.ffn = (SwitchFFN(cfg.d_model, cfg.d_ff, cfg.moe, rngs, cfg.activation) if self.sparse
+        sparse = cfg.moe is not None and cfg.moe.is_sparse(index, encoder)
+        self.ffn = (SwitchFFN(cfg.d_model, cfg.d_ff, cfg.moe, rngs, cfg.activation) if sparse
                     else Mlp(cfg.d_model, cfg.d_ff, rngs, cfg.activation, cfg.dropout))
 
     def __call__(self, x_BTD, bias_BHTS, mask_BTS, enc_BSD=None, cross_mask_BTS=None, rng=None,
@@ -55,7 +55,7 @@ class Block(nnx.Module):
                                       self.rate, r_cross)
             x_BTD = x_BTD + dropout(h_BTD, self.rate, r2)
         h_BTD = self.ffn_norm(x_BTD)
-        if self.sparse:      # padding (valid_BT false) is not routed
+        if isinstance(self.ffn, SwitchFFN):      # padding (valid_BT false) is not routed
             h_BTD, stats = self.ffn(h_BTD, r_ffn, valid_BT)
         else:
             h_BTD, stats = self.ffn(h_BTD, r_ffn), {}

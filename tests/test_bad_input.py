@@ -91,6 +91,9 @@ RUN_CASES = [   # (config fields, message): against the finished run's workdir
      r"mesh axis 'model' is used by both 'd_model' and 'd_ff'"),
     (dict(optimizer="sgd"), r"unknown optimizer 'sgd'"),
     (dict(moe__top_k=0), r"top_k"),
+    (dict(grad_accum_steps=3), r"grad_accum_steps=3 must be >= 1 and divide the global batch "
+                               r"of 8 rows"),
+    (dict(grad_accum_steps=0), r"grad_accum_steps=0 must be >= 1"),
 ]
 
 

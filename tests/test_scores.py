@@ -93,7 +93,7 @@ def test_perplexities_errors(args, message):
 # ------------------------------------------------------------------------- results.json
 def _results(step, loss, dropped=(0.02, 0.04), load=((0.2, 0.3, 0.25, 0.25),), **kw):
     return scores.make_results(step, "validation", total_nll=loss * 100, num_tokens=100,
-                                   num_words=80, dropped_fraction=dropped, expert_load=load, **kw)
+                               num_words=80, dropped_fraction=dropped, expert_load=load, **kw)
 
 
 def test_write_results_is_atomic_and_round_trips(tmp_path):
