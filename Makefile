@@ -1,6 +1,11 @@
 # Both targets set up .venv on first use (Python >= 3.11 and pip are all a fresh machine needs).
+# `make demo` installs switchzoo and its runtime dependencies only; `make test` adds the test
+# extra (transformers and torch, the Hugging Face parity oracle). TORCH names the torch to install
+# first: a plain `torch` from PyPI pulls GBs of CUDA wheels on Linux, so elsewhere use the CPU
+# build: make test TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 PYTHON ?= python3
 VENV   ?= .venv
+TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
@@ -9,7 +14,11 @@ DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
@@ -17,14 +26,14 @@ demo: $(VENV)/.installed      ## trains a small Switch translator on CPU, then B
 	$(PY) train.py --config=configs/demo.py --workdir=workdirs/demo
 	$(PY) eval.py --workdir=workdirs/demo
 
-test: $(VENV)/.installed      ## the test suite, on 8 simulated CPU devices
+test: $(VENV)/.installed-test ## the test suite, on 8 simulated CPU devices
 	$(DEVICES) $(PY) -m pytest -q -n 2 --dist worksteal --durations=10 tests
 
 figures: $(VENV)/.installed   ## the Mesh-TensorFlow paper's figures 2-4 -> docs/figures
 	$(PY) examples/mtf_two_layer.py --out docs/figures
 
-bench: $(VENV)/.installed     ## every benchmark -> out/bench/*.json, docs/benchmarks.md + plots
+bench: $(VENV)/.installed-test ## every benchmark -> out/bench/*.json, docs/benchmarks.md + plots
 	$(PY) bench/run_all.py
 
-bench-quick: $(VENV)/.installed   ## the benchmarks at small sizes (checks that they run)
+bench-quick: $(VENV)/.installed-test ## the benchmarks at small sizes (checks that they run)
 	$(PY) bench/run_all.py --quick --out out/bench-quick

@@ -38,6 +38,10 @@ def get_base() -> ml_collections.ConfigDict:
     c.moe.dispatch = config_dict.placeholder(str)         # "einsum" | "dropless"
     c.moe.grouped_matmul = config_dict.placeholder(str)   # dropless: auto | blocks | ragged_dot
     c.moe.block_size = config_dict.placeholder(int)
+    c.moe.aux_loss_weight = config_dict.placeholder(float)  # load-balancing loss (Switch: 0.01)
+    c.moe.z_loss_weight = config_dict.placeholder(float)    # router z-loss (ST-MoE: 0.001)
+    c.moe.jitter = config_dict.placeholder(float)           # router input noise in training
+    c.moe.expert_dropout = config_dict.placeholder(float)   # dropout inside experts (fine-tuning)
     c.data = data.default_config()
     c.eval = ml_collections.ConfigDict()
     c.eval.num_beams = 4
@@ -61,20 +65,56 @@ def get_paper_scale() -> ml_collections.ConfigDict:
     return c
 
 
+BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _leaf(c: ml_collections.ConfigDict, key: str):
+    """(node, leaf) of a dotted field, or None when ``key`` names no field."""
+    *parents, leaf = key.split(".")
+    node = c
+    for part in parents:
+        node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+        return None
+    return node, leaf
+
+
+def set_field(c: ml_collections.ConfigDict, key: str, text: str) -> None:
+    """Sets the dotted field ``key`` from ``text``, typed as the field is; bools take only
+    true/false/1/0/yes/no."""
+    found = _leaf(c, key)
+    if found is None:
+        raise ValueError(f"'{key}' is not a config field")
+    node, leaf = found
+    kind = node.get_type(leaf)
+    try:
+        if kind is bool:
+            if text.lower() not in BOOLS:
+                raise ValueError
+            value = BOOLS[text.lower()]
+        else:
+            value = kind(text) if kind not in (type(None), object) else text
+    except ValueError:
+        allowed = "true/false/1/0/yes/no" if kind is bool else f"a valid {kind.__name__}"
+        raise ValueError(f"config field {key}='{text}' is not {allowed}") from None
+    node[leaf] = value
+
+
 def apply_variant(c: ml_collections.ConfigDict, arg: str | None, aliases: dict) -> None:
     """Applies ``key=value,...`` (keys: config fields, dotted, or the file's aliases); a key that
-    is not a field is an error, not a new field."""
-    for item in filter(None, (arg or "").split(",")):
-        key, sep, value = item.partition("=")
-        *parents, leaf = aliases.get(key, key).split(".")
-        node = c
-        for part in parents:
-            node = node.get(part)
-            if not isinstance(node, ml_collections.ConfigDict):
-                break
-        if not sep or not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
-            raise ValueError(f"config variant '{item}' is not key=value with a known key; keys: "
+    is not a field is an error, not a new field. A value may hold commas
+    (``mesh=data:2,model:2``): a piece that does not start with a known ``key=`` continues the
+    value before it."""
+    items = []
+    for piece in (arg or "").split(","):
+        key, sep, _ = piece.partition("=")
+        if sep and (key in aliases or _leaf(c, key) is not None):
+            items.append(piece)
+        elif items and piece:
+            items[-1] += "," + piece
+        elif piece:
+            raise ValueError(f"config variant '{piece}' is not key=value with a known key; keys: "
                              f"{', '.join(sorted(aliases))} or any config field")
-        kind = node.get_type(leaf)
-        node[leaf] = (value.lower() in ("1", "true", "yes") if kind is bool
-                      else kind(value) if kind not in (type(None), object) else value)
+    for item in items:
+        key, _, value = item.partition("=")
+        set_field(c, aliases.get(key, key), value)

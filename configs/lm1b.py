@@ -13,7 +13,6 @@ def get_config(arg: str | None = None):
     c.model = "mtf_lm1b_h8"
     c.task = "lm"
     c.layout = "dp_mp_ep"
-    c.data.tfds_name = "lm1b"
-    c.data.eval_split = "test"
+    # data.tfds_name "" and eval_split "": lm1b, evaluated on its test split (it has no other)
     base.apply_variant(c, arg, {"steps": "num_train_steps"})
     return c

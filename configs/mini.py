@@ -33,6 +33,5 @@ def get_config(arg: str | None = None):
     c.data.source = "embedded"
     c.data.pair = "de-en"                 # the LM reads the target side: English
     c.data.vocab_size = 2000
-    c.eval.max_examples = 256
     base.apply_variant(c, arg, {"steps": "num_train_steps"})
     return c

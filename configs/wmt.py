@@ -1,7 +1,7 @@
 """python train.py --config=configs/wmt.py:model=switch_base_8,layout=dp_ep,pair=de-en --workdir=DIR
 
 WMT14 translation (en-de or en-fr, either direction) from the tfds builder
-wmt14_translate/<pair> (prepared in --config.data.tfds_data_dir), or from local TSV files with
+wmt14_translate/<de|fr>-en (prepared in --config.data.tfds_data_dir), or from local TSV files with
 --config.data.source=files --config.data.train_files=a.tsv[.gz] --config.data.eval_files=b.tsv.
 Variant keys: model, layout, mesh, pair (source-target, e.g. en-de), steps.
 """
@@ -13,11 +13,6 @@ def get_config(arg: str | None = None):
     c.model = "switch_base_8"
     c.task = "translation"
     c.layout = "dp_ep"
-    c.data.pair = "en-de"
-    c.data.eval_split = "validation"
+    c.data.pair = "en-de"          # tfds_name "": wmt14_translate/<de|fr>-en, split validation
     base.apply_variant(c, arg, {"steps": "num_train_steps", "pair": "data.pair"})
-    other = [lang for lang in c.data.pair.split("-") if lang != "en"]
-    if len(other) != 1:
-        raise ValueError(f"pair '{c.data.pair}' is not English and one of de/fr, e.g. en-de")
-    c.data.tfds_name = c.data.tfds_name or f"wmt14_translate/{other[0]}-en"
     return c

@@ -48,8 +48,12 @@ def parse_flags(argv):
             flags.FLAGS.config.to_dict()    # the config file loads lazily: load it now
         return argv
     except (flags.Error, AttributeError, ValueError, TypeError, OSError) as e:
-        print(f"error: bad flag: {one_line(e)}", file=sys.stderr)
-        sys.exit(2)
+        bad_flag(one_line(e))
+
+
+def bad_flag(text: str):
+    print(f"error: bad flag: {text}", file=sys.stderr)
+    sys.exit(2)
 
 
 def define_distributed_flags() -> None:

@@ -102,3 +102,14 @@ class ModelConfig:
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """The inverse of to_dict, also after a JSON round trip (lists back to tuples)."""
+        moe = d.get("moe")
+        if moe is not None:
+            moe = MoeConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in moe.items()})
+        return cls(**{**d, "moe": moe})

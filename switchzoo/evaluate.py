@@ -13,22 +13,63 @@ import jax
 import ml_collections
 import numpy as np
 
-from switchzoo import api, checkpoints, data, hf, scores, steps
+from switchzoo import api, checkpoints, data, hf, scores, steps, validate
 from switchzoo import state as state_lib
+from switchzoo.config import ModelConfig
+from switchzoo.configs import base
+
+MODEL_FILE = "model.json"      # the run's resolved model, written by the training loop
+# What an evaluation may change in a run's saved config (--config.FIELD=value): where and how
+# it evaluates, never what was trained.
+EVAL_OVERRIDES = ("eval.", "data.eval_files", "data.eval_split", "data.max_eval_examples",
+                  "data.tfds_data_dir", "data.locale_dir", "per_device_batch_size", "layout",
+                  "mesh", "dtype", "moe.eval_capacity_factor", "moe.dispatch",
+                  "moe.grouped_matmul", "moe.block_size")
 
 
-def load_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:
+def load_config(workdir: pathlib.Path, overrides: dict | None = None) -> ml_collections.ConfigDict:
+    """The run's saved config on top of today's defaults, with ``overrides`` ({dotted field:
+    text}) of the fields in EVAL_OVERRIDES."""
     path = workdir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{workdir} has no config.json (not a training run); pass the "
                                 "workdir of a run, or --checkpoint=HF_DIR with --config")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+    config = base.get_base()
+    config.update_from_flattened_dict(_flatten(json.loads(path.read_text())))
+    for key, text in (overrides or {}).items():
+        if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in EVAL_OVERRIDES):
+            raise ValueError(f"--config.{key} cannot change when evaluating a trained run (it "
+                             f"defines what was trained); eval.py may set "
+                             f"{', '.join(k + '*' if k.endswith('.') else k for k in EVAL_OVERRIDES)}")
+        base.set_field(config, key, text)
+    return config
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def run_model(config, workdir: pathlib.Path, vocab_size: int) -> ModelConfig:
+    """The model a run trained: the one it saved, else (older runs) its Hugging Face starting
+    point or its catalogue entry; with the config's evaluation-time overrides."""
+    saved = workdir / MODEL_FILE
+    if saved.is_file():
+        model = ModelConfig.from_dict(json.loads(saved.read_text()))
+    else:
+        model = hf.read_config(config.init_from).cfg if config.init_from else None
+    return state_lib.run_model_config(config, vocab_size, model)
 
 
 def restore_params(config, workdir: pathlib.Path, layout, vocab_size: int):
     """(setup, params, step) of the newest committed checkpoint of the run: the parameters
     alone, with no optimizer built."""
-    setup = state_lib.setup_run(config, layout, state_lib.run_model_config(config, vocab_size),
+    setup = state_lib.setup_run(config, layout, run_model(config, workdir, vocab_size),
                                 train=False)
     ckpt = checkpoints.Checkpoints(workdir / "checkpoints", 1, config.keep_checkpoints)
     try:
@@ -63,10 +104,11 @@ def evaluate_loss(eval_fn, params, ds, layout) -> dict:
 
 def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
     workdir = pathlib.Path(workdir)
+    validate.check(config, evaluating=True)
     layout = state_lib.run_layout(config)
     batch = state_lib.global_batch_size(config)
     ds = data.build(config.data, workdir, task=config.task, batch_size=batch,
-                    max_length=config.max_length, seed=config.seed)
+                    max_length=config.max_length, seed=config.seed, evaluating=True)
     if checkpoint:
         pretrained = hf.read_config(checkpoint)
         setup = state_lib.setup(pretrained.cfg, layout)
@@ -75,7 +117,8 @@ def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
     else:
         setup, params, step = restore_params(config, workdir, layout, ds.tokenizer.vocab_size)
     eval_fn = steps.make_eval_step(setup)
-    results = {"step": step, "split": config.data.eval_split, "model": config.model,
+    results = {"step": step, "split": ds.eval_split,
+               "model": config.init_from or config.model,
                **evaluate_loss(eval_fn, params, ds, layout)}
     results["bleu"] = None
     if config.task == "translation":

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from switchzoo import atomic, checkpoints, cli, data, evaluate, hf, steps, zoo
+from switchzoo import atomic, checkpoints, cli, data, evaluate, hf, steps, validate, zoo
 from switchzoo import metrics as metrics_lib
 from switchzoo import state as state_lib
 
@@ -30,16 +30,20 @@ def check_workdir(workdir: pathlib.Path, config) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
 
 
-def save_config(workdir: pathlib.Path, config) -> None:
-    """The resolved config, written once the run is known to start."""
+def save_config(workdir: pathlib.Path, config, cfg) -> None:
+    """The resolved run config and model (what eval.py rebuilds: a fine-tuned Hugging Face
+    model is in no catalogue), written once the run is known to start."""
     atomic.write_text(workdir / "config.json",
                       config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+    atomic.write_text(workdir / evaluate.MODEL_FILE,
+                      json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
 def train(config, workdir, print_fn=print) -> dict:
     """Runs (or resumes) the run of ``config`` in ``workdir``; returns the last logged row."""
     workdir = pathlib.Path(workdir)
-    layout = state_lib.run_layout(config)       # mesh errors before anything is written
+    validate.check(config)                      # settings, then the mesh: before any writing
+    layout = state_lib.run_layout(config)
     state_lib.check_accumulation(config)
     zoo.entry(config.model)
     lead = jax.process_index() == 0
@@ -59,8 +63,8 @@ def train(config, workdir, print_fn=print) -> dict:
     if not lead:
         ds = build_data()
     pretrained = hf.read_config(config.init_from) if config.init_from else None
-    cfg = (state_lib.run_model_config(config, ds.tokenizer.vocab_size) if pretrained is None
-           else pretrained.cfg.replace(dtype=config.dtype, dropout=config.dropout))
+    cfg = state_lib.run_model_config(config, ds.tokenizer.vocab_size,
+                                     pretrained.cfg if pretrained else None)
     setup = state_lib.setup_run(config, layout, cfg)
     schedule = state_lib.rsqrt_schedule(config.learning_rate, config.warmup_steps)
     ckpt = checkpoints.Checkpoints(workdir / "checkpoints", config.checkpoint_every_steps,
@@ -72,7 +76,8 @@ def train(config, workdir, print_fn=print) -> dict:
         raise
     start = int(state.step)
     if lead:
-        save_config(workdir, config)
+        save_config(workdir, config, cfg)
+    print_fn(f"data: {ds.description}")
     print_fn(f"model {config.model}: {sum(x.size for x in jax.tree.leaves(state.params)):,} "
              f"parameters | mesh {dict(layout.mesh.shape)} | layout {layout.text} | "
              f"{'resuming at step ' + str(start) if start else 'from step 0'}")

@@ -244,21 +244,28 @@ def check_accumulation(config) -> None:
                          f"batch of {batch} rows (per_device_batch_size x devices)")
 
 
-def run_model_config(config, vocab_size: int) -> ModelConfig:
-    """The catalogue model with the run's overrides: MoE routing knobs, activation dtype, and a
-    vocabulary sized for the tokenizer (rounded up to a multiple of 128, for sharding)."""
-    cfg = zoo.get(config.model)
+def run_model_config(config, vocab_size: int, model: ModelConfig | None = None) -> ModelConfig:
+    """The run's model: ``model`` (a Hugging Face checkpoint's, or the one a run saved) or the
+    catalogue's, with the run's overrides: MoE routing knobs, activation dtype and dropout, and
+    for a catalogue model a vocabulary sized for the tokenizer (rounded up to a multiple of
+    128, for sharding)."""
+    cfg = model or zoo.get(config.model)
     want_encoder = config.task == "translation"
     if cfg.is_encoder_decoder != want_encoder:
         kind = "an encoder-decoder" if want_encoder else "a decoder-only"
-        raise ValueError(f"task '{config.task}' needs {kind} model; '{config.model}' is not "
-                         "one (pick another --config.model)")
+        what = f"'{config.model}'" if model is None else "the checkpoint's model"
+        raise ValueError(f"task '{config.task}' needs {kind} model; {what} is not one (pick "
+                         "another --config.model or --config.task)")
     overrides = {k: v for k, v in config.moe.items() if v is not None}
     if overrides:
         if cfg.moe is None:
-            raise ValueError(f"--config.moe.* set for the dense model '{config.model}'; drop them")
+            what = f"model '{config.model}'" if model is None else "checkpoint's model"
+            raise ValueError(f"--config.moe.{sorted(overrides)[0]} set for the dense {what}, "
+                             "which has no Switch layers; drop the --config.moe.* flags")
+        if {"train_capacity_factor", "eval_capacity_factor"} & overrides.keys():
+            overrides["expert_capacity"] = None     # the factors replace a checkpoint's slots
         cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, **overrides))
-    if not config.init_from:
+    if model is None:
         cfg = cfg.replace(vocab_size=128 * math.ceil(vocab_size / 128))
     elif vocab_size > cfg.vocab_size:
         raise ValueError(f"the tokenizer has {vocab_size} ids but the checkpoint's vocabulary "

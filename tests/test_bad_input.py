@@ -1,18 +1,24 @@
 """Wrong inputs across the surface, each refused with one line that names the problem and the
 fix, and an existing run's checkpoints left untouched. (The flag-level cases, run through
 train.py itself for the exit status and the absence of tracebacks, are in test_train.py.)"""
+import json
+import os
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import switchzoo
+from conftest import FAST_COMPILE
 from switchzoo.configs import mini
 from switchzoo import evaluate, hf, loop, tables, tensorfile
 from switchzoo.data import embedded
 
 ERRORS = (ValueError, FileNotFoundError)
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def lm_config(**fields):
@@ -26,12 +32,15 @@ def lm_config(**fields):
         for p in parents:
             node = node[p]
         node[leaf] = value
+    if c.data.source != "embedded":      # a field only the embedded source reads
+        c.data.embedded_max_pairs = 0
     return c
 
 
 def translation_config(**fields):
     c = lm_config(**fields)
     c.model, c.task = fields.get("model", "switch_base_tiny"), "translation"
+    c.data.pair = fields.get("data__pair", "en-de")
     return c
 
 
@@ -50,7 +59,7 @@ def run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("files")
-    pairs = embedded.harvest("de")[:200]
+    pairs = embedded.shipped("de")[:200]
     (root / "good.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
     (root / "notab.tsv").write_text("Open file\tDatei öffnen\nClose file Datei schließen\n")
     (root / "empty.tsv").write_text("")
@@ -89,11 +98,42 @@ RUN_CASES = [   # (config fields, message): against the finished run's workdir
      r"'heads' of size 4 is not divisible by mesh axes model \(8 devices\)"),
     (dict(layout="d_model:model,d_ff:model", mesh="data:1,model:8"),
      r"mesh axis 'model' is used by both 'd_model' and 'd_ff'"),
-    (dict(optimizer="sgd"), r"unknown optimizer 'sgd'"),
-    (dict(moe__top_k=0), r"top_k"),
+    (dict(optimizer="sgd"), r"--config.optimizer='sgd' is not one of adamw, adafactor"),
     (dict(grad_accum_steps=3), r"grad_accum_steps=3 must be >= 1 and divide the global batch "
                                r"of 8 rows"),
-    (dict(grad_accum_steps=0), r"grad_accum_steps=0 must be >= 1"),
+    # counts and rates: the field, the value and the allowed range
+    (dict(num_train_steps=-5), r"--config.num_train_steps=-5 is out of range: it must be >= 1$"),
+    (dict(grad_accum_steps=0), r"--config.grad_accum_steps=0 is out of range: it must be >= 1"),
+    (dict(log_every_steps=0), r"log_every_steps=0 is out of range: it must be >= 1"),
+    (dict(eval_every_steps=-1), r"eval_every_steps=-1 .* >= 0 \(0: never\)"),
+    (dict(checkpoint_every_steps=0), r"checkpoint_every_steps=0 .* >= 1"),
+    (dict(keep_checkpoints=0), r"keep_checkpoints=0 .* >= 1"),
+    (dict(max_length=1), r"max_length=1 .* >= 2 \(one token \+ EOS\)"),
+    (dict(warmup_steps=-10), r"warmup_steps=-10 .* >= 0"),
+    (dict(learning_rate=0.0), r"learning_rate=0.0 .* > 0"),
+    (dict(dropout=1.0), r"dropout=1.0 .* >= 0 and < 1"),
+    (dict(label_smoothing=-0.1), r"label_smoothing=-0.1 .* >= 0 and < 1"),
+    (dict(seed=-1), r"seed=-1 .* >= 0"),
+    (dict(dtype="float16"), r"dtype='float16' is not one of float32, bfloat16"),
+    (dict(data__vocab_size=10), r"data.vocab_size=10 .* >= 32"),
+    (dict(data__embedded_max_pairs=-1), r"embedded_max_pairs=-1 .* >= 0 \(0: all\)"),
+    (dict(moe__top_k=0), r"--config.moe.top_k=0 .* >= 1"),
+    (dict(moe__train_capacity_factor=0.0), r"moe.train_capacity_factor=0.0 .* > 0"),
+    (dict(moe__jitter=1.5), r"moe.jitter=1.5 .* >= 0 and < 1"),
+    (dict(moe__expert_dropout=-0.2), r"moe.expert_dropout=-0.2 .* >= 0 and < 1"),
+    (dict(moe__aux_loss_weight=-0.01), r"moe.aux_loss_weight=-0.01 .* >= 0"),
+    (dict(moe__dispatch="sorted"), r"moe.dispatch='sorted' is not one of auto, einsum, dropless"),
+    # a setting the run would not read
+    (dict(data__train_files="mine.tsv"), r"--config.data.train_files='mine.tsv' is read only "
+     r"with data.source=files, and this run has data.source=embedded"),
+    (dict(data__tfds_name="lm1b"), r"data.tfds_name='lm1b' is read only with data.source=tfds"),
+    (dict(data__source="files", data__train_files="x.txt", data__locale_dir="/tmp",
+          data__pair="en-de"),
+     r"data.locale_dir='/tmp' is read only with data.source=embedded, and this run has "
+     r"data.source=files"),
+    (dict(optimizer="adafactor", weight_decay=0.1),
+     r"weight_decay=0.1 is read only with optimizer=adamw, and this run has optimizer=adafactor"),
+    (dict(eval__num_beams=8), r"eval.num_beams=8 is read only with task=translation"),
 ]
 
 
@@ -107,12 +147,12 @@ def test_run_level_mistakes(run, fields, message):
 
 
 FRESH_CASES = [  # (config, message): a new workdir
-    (lambda f, h: lm_config(task="classify"), r"unknown task 'classify'"),
+    (lambda f, h: lm_config(task="classify"), r"task='classify' is not one of translation, lm"),
     (lambda f, h: lm_config(model="switch_base_tiny"), r"task 'lm' needs a decoder-only model"),
     (lambda f, h: lm_config(model="dense_tiny", moe__top_k=2), r"dense model 'dense_tiny'"),
-    (lambda f, h: lm_config(data__source="nowhere"), r"nowhere"),
-    (lambda f, h: lm_config(data__pair="en-xx"), r"xx"),
-    (lambda f, h: lm_config(per_device_batch_size=0), r"batch_size=0"),
+    (lambda f, h: lm_config(data__source="nowhere"), r"source='nowhere' is not one of embedded"),
+    (lambda f, h: lm_config(data__pair="en-xx"), r"ships en-de and .* no 'xx' gettext"),
+    (lambda f, h: lm_config(per_device_batch_size=0), r"per_device_batch_size=0 .* >= 1"),
     (lambda f, h: lm_config(data__vocab_size=100000), r"vocab_size"),
     (lambda f, h: translation_config(data__source="files", data__train_files=str(f / "nope.tsv")),
      r"nope\.tsv"),
@@ -175,3 +215,43 @@ def test_eval_mistakes(run, tmp_path):
     (empty / "config.json").write_text((run / "config.json").read_text())
     with pytest.raises(ERRORS, match=r"holds no complete checkpoint"):
         evaluate.run(lm_config(), empty, print_fn=lambda *_: None)
+
+
+def test_variants_take_commas_inside_values_and_only_real_bools():
+    from switchzoo.configs import demo
+    c = demo.get_config("mesh=data:2,model:2,steps=10,layout=batch:data,heads:model,"
+                        "shard_optimizer_over_data=yes")
+    assert (c.mesh, c.num_train_steps, c.layout) == ("data:2,model:2", 10, "batch:data,heads:model")
+    assert c.shard_optimizer_over_data is True
+    assert demo.get_config("shard_optimizer_over_data=0").shard_optimizer_over_data is False
+    for bad, message in [("shard_optimizer_over_data=ture", r"'ture' is not true/false/1/0/yes/no"),
+                         ("steps=ten", r"num_train_steps='ten' is not a valid int"),
+                         ("model:2", r"'model:2' is not key=value with a known key")]:
+        with pytest.raises(ValueError, match=message):
+            demo.get_config(bad)
+
+
+def test_eval_overrides_of_a_saved_config(run, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    before = snapshot(copy)
+    for overrides, message in [
+            ({"num_train_steps": "9"}, r"--config.num_train_steps cannot change when evaluating"),
+            ({"data.max_eval_examples": "many"}, r"max_eval_examples='many' is not a valid int"),
+            ({"eval.max_examples": "0"}, r"eval.max_examples=0 is out of range")]:
+        with pytest.raises(ERRORS, match=message):
+            evaluate.run(evaluate.load_config(copy, overrides), copy, print_fn=lambda *_: None)
+    assert snapshot(copy) == before
+    # The command line, as a user types it: overrides without --config=FILE.
+    out = subprocess.run([sys.executable, "eval.py", f"--workdir={copy}",
+                          "--config.data.max_eval_examples=3", "--config.per_device_batch_size=1"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "XLA_FLAGS": FAST_COMPILE})
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = json.loads((copy / "results.json").read_text())
+    assert results["step"] == 3 and results["split"] == "held out"
+    out = subprocess.run([sys.executable, "eval.py", f"--workdir={copy}", "--config.seed=1"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "XLA_FLAGS": FAST_COMPILE})
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "--config.seed cannot change when evaluating a trained run" in out.stderr

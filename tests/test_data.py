@@ -1,6 +1,7 @@
 """Input pipelines: sources, tokenizer cache, packing, determinism, resume, errors."""
 import gzip
 import json
+import struct
 
 import grain
 import numpy as np
@@ -11,18 +12,13 @@ from switchzoo.data import embedded, files, pipeline, tfds_local
 from switchzoo.data import tokenizer as tokenizer_lib
 
 B, L, VOCAB = 4, 32, 300
-HAS_DE = bool(list(embedded.LOCALE_DIR.glob("de/LC_MESSAGES/*.mo")))
 
 
 @pytest.fixture(scope="module")
 def pairs():
-    """Real short English-German pairs: the gettext harvest where there is one."""
-    if HAS_DE:
-        harvested = embedded.harvest("de")
-        return [p for p in harvested if len(p[0]) < 60 and p[0].isascii()][::7][:1200]
-    words = "the a house cat dog runs sleeps green small big old new".split()
-    return [(" ".join(words[(i * k) % 12] for k in range(1, 4 + i % 4)), f"satz {i}")
-            for i in range(600)]
+    """Real short English-German pairs of the shipped gettext corpus."""
+    shipped = embedded.shipped("de")
+    return [p for p in shipped if len(p[0]) < 60 and p[0].isascii()][::7][:1200]
 
 
 @pytest.fixture(scope="module")
@@ -72,25 +68,64 @@ def segment_ids(batch, side, segments):
     return out
 
 
-@pytest.mark.skipif(not HAS_DE, reason="no German gettext catalogues on this machine")
-def test_embedded_harvest_gives_real_translations(tmp_path):
-    harvested = embedded.harvest("de")
-    assert len(harvested) > 5000 and harvested == sorted(set(harvested))
-    assert sum(e != g for e, g in harvested) > 0.5 * len(harvested)    # mostly translated
-    assert all("\t" not in e + g and "\n" not in e + g for e, g in harvested)
-    train, held = embedded.load("en-de", "translation", tmp_path, max_pairs=500)
-    assert len(train) == 500 and 0 < len(held) < 0.05 * len(harvested)
+def write_mo(path, pairs, charset="UTF-8", big_endian=False):
+    """A compiled gettext catalogue (GNU .mo format), written from scratch: header first."""
+    entries = [(b"", f"Content-Type: text/plain; charset={charset}\n".encode("ascii"))]
+    entries += sorted((k.encode("utf-8"), v.encode(charset)) for k, v in pairs)
+    order, n = ">" if big_endian else "<", len(entries)
+    ids_at, strs_at = 28, 28 + 8 * n
+    blob_at = strs_at + 8 * n
+    tables, blob = [b"", b""], b""
+    for side in (0, 1):
+        for entry in entries:
+            tables[side] += struct.pack(order + "2I", len(entry[side]), blob_at + len(blob))
+            blob += entry[side] + b"\0"
+    header = struct.pack(order + "7I", 0x950412DE, 0, n, ids_at, strs_at, 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(header + tables[0] + tables[1] + blob)
+
+
+def test_shipped_corpus_is_real_and_travels(tmp_path):
+    shipped = embedded.shipped("de")
+    assert len(shipped) > 50_000 and shipped == sorted(set(shipped))
+    assert sum(e != g for e, g in shipped) > 0.5 * len(shipped)      # mostly translated
+    assert all("\t" not in e + g and "\n" not in e + g for e, g in shipped)
+    assert "de" in embedded.shipped_langs()
+    # A machine with no catalogues (Debian slim): the shipped corpus alone.
+    empty = tmp_path / "locale"
+    empty.mkdir()
+    train, held, said = embedded.load("en-de", "translation", tmp_path, max_pairs=500,
+                                      locale_dir=empty)
+    assert "53,474 shipped pairs + 0 from" in said
+    assert len(train) == 500 and 0 < len(held) < 0.05 * len(shipped)
     assert not {e for e, _ in train} & {e for e, _ in held}
     assert (tmp_path / "embedded-en-de.tsv").is_file()                  # cached for resume
-    flipped, _ = embedded.load("de-en", "translation", tmp_path, max_pairs=500)
+    flipped, _, _ = embedded.load("de-en", "translation", tmp_path, max_pairs=500)
     assert flipped == [(g, e) for e, g in train]
-    d = data.build(config(embedded_max_pairs=2000), tmp_path, batch_size=B, max_length=L)
+    d = data.build(config(embedded_max_pairs=2000, locale_dir=str(empty)), tmp_path / "run",
+                   batch_size=B, max_length=L)
     assert next(d.train)["weights"].sum() > 0 and len(d.eval_examples) > 100
 
 
+def test_host_catalogues_add_to_the_shipped_corpus(tmp_path):
+    write_mo(tmp_path / "de/LC_MESSAGES/tool.mo", [
+        ("Open the _file", "_Datei öffnen"), ("%s: %d", "%s: %d"), ("Quit", "Beenden")])
+    write_mo(tmp_path / "de_AT/LC_MESSAGES/other.mo", [("January", "Jänner")],
+             charset="ISO-8859-1", big_endian=True)
+    assert embedded.harvest("de", tmp_path) == [
+        ("January", "Jänner"), ("Open the file", "Datei öffnen"), ("Quit", "Beenden")]
+    pairs, said = embedded.corpus("de", tmp_path)
+    assert set(pairs) == set(embedded.shipped("de")) | {("January", "Jänner"),
+                                                         ("Open the file", "Datei öffnen")}
+    assert said.endswith(f"+ 2 from the catalogues in {tmp_path}")   # Quit/Beenden is shipped
+    write_mo(tmp_path / "sv/LC_MESSAGES/tool.mo", [("Quit", "Avsluta")])
+    assert embedded.corpus("sv", tmp_path)[0] == [("Quit", "Avsluta")]   # host catalogues alone
+
+
 def test_embedded_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="train_files"):
-        embedded.load("en-de", "translation", None, locale_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match="ships en-de and .* no 'xx' gettext catalogues"
+                       ".*--config.data.source=files"):
+        embedded.load("en-xx", "translation", None, locale_dir=tmp_path)
     with pytest.raises(ValueError, match="en-XX"):
         embedded.load("de-fr", "translation", None)
 

@@ -2,6 +2,7 @@
 checkpoints, run the same command again to resume, evaluate (BLEU and perplexity), restore under
 another layout, fine-tune from a Hugging Face directory — on local TSV files and on a tfds
 builder prepared from the same files (a real array_record build)."""
+import dataclasses
 import json
 import pathlib
 
@@ -15,8 +16,8 @@ from switchzoo.data import embedded, tfds_local
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """Real text: 400 English->German pairs of the gettext catalogues, as TSV files."""
-    pairs = embedded.harvest("de")[:440]
+    """Real text: 400 English->German pairs of the shipped gettext corpus, as TSV files."""
+    pairs = embedded.shipped("de")[:440]
     root = tmp_path_factory.mktemp("corpus")
     for name, rows in (("train.tsv", pairs[:400]), ("eval.tsv", pairs[400:])):
         (root / name).write_text("".join(f"{s}\t{t}\n" for s, t in rows))
@@ -73,16 +74,45 @@ def test_a_tfds_builder_prepared_from_local_files_trains_and_evaluates(files, tm
     assert results["step"] == 3 and results["bleu"] is not None
 
 
-def test_fine_tuning_starts_from_a_hugging_face_directory(files, tmp_path):
+def test_fine_tuning_honours_moe_flags_and_the_run_evaluates(files, tmp_path):
     c = tiny_config(files, 3)
     hf_dir = tmp_path / "hf"
     base = switchzoo.zoo.get("switch_base_tiny").replace(vocab_size=384)
-    switchzoo.init(base, seed=5).save_pretrained(hf_dir)
+    switchzoo.init(base.replace(moe=dataclasses.replace(base.moe, expert_capacity=4)),
+                   seed=5).save_pretrained(hf_dir)
     c.init_from = str(hf_dir)
     c.data.vocab_size = 300
+    # Routing flags apply to the checkpoint's model: top-2, capacity factors instead of its
+    # fixed 4 slots, no load-balancing or z loss (so the loss is the cross entropy alone).
+    c.moe.top_k, c.moe.train_capacity_factor = 2, 1.5
+    c.moe.aux_loss_weight, c.moe.z_loss_weight, c.moe.jitter = 0.0, 0.0, 0.01
     lines = []
     loop.train(c, tmp_path / "run", print_fn=lines.append)
-    assert "from step 0" in lines[0] and logged_steps(tmp_path / "run") == [3]
+    assert "from step 0" in lines[1] and logged_steps(tmp_path / "run") == [3]
+    saved = json.loads((tmp_path / "run" / "model.json").read_text())["moe"]
+    assert (saved["top_k"], saved["train_capacity_factor"], saved["expert_capacity"],
+            saved["jitter"]) == (2, 1.5, None, 0.01)
+    (row,) = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text(
+        ).splitlines()) if r["split"] == "train"]
+    assert row["aux_loss"] > 0 and row["loss"] == row["cross_entropy"]
+    # eval.py on the fine-tuned run (a model in no catalogue), with overrides of its config.
+    config = evaluate.load_config(tmp_path / "run", {
+        "eval.num_beams": "1", "eval.max_examples": "4", "data.eval_files": str(files[1])})
+    results = evaluate.run(config, tmp_path / "run", print_fn=lambda *_: None)
+    assert results["step"] == 3 and results["bleu"] is not None
+    assert results["model"] == str(hf_dir) and results["split"] == str(files[1])
+    with pytest.raises(ValueError, match=r"--config.moe.top_k cannot change when evaluating"):
+        evaluate.load_config(tmp_path / "run", {"moe.top_k": "1"})
+
+
+def test_moe_flags_that_a_dense_checkpoint_cannot_take_are_refused(files, tmp_path):
+    c = tiny_config(files, 3)
+    dense = switchzoo.zoo.get("t5_tiny").replace(vocab_size=384, activation="relu")
+    switchzoo.init(dense).save_pretrained(tmp_path / "t5")     # the HF format holds ReLU only
+    c.init_from, c.data.vocab_size, c.moe.top_k = str(tmp_path / "t5"), 300, 2
+    with pytest.raises(ValueError, match=r"--config.moe.top_k set for the dense checkpoint's "
+                                         r"model, which has no Switch layers"):
+        loop.train(c, tmp_path / "run", print_fn=lambda *_: None)
 
 
 def test_a_workdir_of_another_model_is_refused_untouched(files, tmp_path):

@@ -1,7 +1,9 @@
 """A built wheel carries the catalogue: installed into a fresh environment (no source tree on
 its path), it lists the zoo, the layouts and the tables and trains a step from another
-directory, from Python and with its switchzoo-train command. The fresh environment borrows this one's dependencies (JAX, Flax, ...) by path, not
-switchzoo: the .pth that makes this checkout importable is never read there."""
+directory, from Python and with its switchzoo-train command, on the corpus the wheel ships alone
+(the harvester points at an empty directory: a machine with no gettext catalogues). The fresh
+environment borrows this one's dependencies (JAX, Flax, ...) by path, not switchzoo: the .pth
+that makes this checkout importable is never read there."""
 import json
 import os
 import pathlib
@@ -24,8 +26,10 @@ PROGRAM = textwrap.dedent("""
     config.log_every_steps, config.checkpoint_every_steps, config.eval_every_steps = 1, 1, 0
     config.per_device_batch_size, config.max_length = 2, 32
     config.data.vocab_size, config.data.embedded_max_pairs = 300, 2000
-    row = loop.train(config, sys.argv[1], print_fn=lambda *_: None)
-    print(json.dumps({"file": switchzoo.__file__, "zoo": zoo.names(),
+    config.data.locale_dir = sys.argv[2]
+    said = []
+    row = loop.train(config, sys.argv[1], print_fn=said.append)
+    print(json.dumps({"said": said, "file": switchzoo.__file__, "zoo": zoo.names(),
                       "layouts": sorted(layout.presets()), "tables": tables.names(),
                       "loss": row["loss"], "step": row["step"]}))
 """)
@@ -56,8 +60,11 @@ def test_a_wheel_installed_elsewhere_has_the_catalogue_and_trains(tmp_path):
     (fresh / "deps.pth").write_text(f"{ours}\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    no_catalogues = tmp_path / "locale"
+    no_catalogues.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
-    out = subprocess.run([str(python), "-c", PROGRAM, str(tmp_path / "run")], cwd=elsewhere,
+    out = subprocess.run([str(python), "-c", PROGRAM, str(tmp_path / "run"),
+                          str(no_catalogues)], cwd=elsewhere,
                          env={**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE},
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -67,6 +74,7 @@ def test_a_wheel_installed_elsewhere_has_the_catalogue_and_trains(tmp_path):
     assert {"data_parallel", "dp_ep", "dp_mp_ep", "expert_parallel"} <= set(got["layouts"])
     assert "switch_table1" in got["tables"] and "mtf_table2_lm1b_mini" in got["tables"]
     assert got["step"] == 1 and got["loss"] > 0
+    assert any("53,474 shipped pairs + 0 from the catalogues" in line for line in got["said"])
     assert (tmp_path / "run" / "checkpoints" / "1").is_dir()
     # The installed command line, with the README's config path, which exists only in the
     # package here: resumes the run above for one more step.
@@ -75,7 +83,7 @@ def test_a_wheel_installed_elsewhere_has_the_catalogue_and_trains(tmp_path):
            "--config.checkpoint_every_steps=1", "--config.eval_every_steps=0",
            "--config.per_device_batch_size=2", "--config.max_length=32",
            "--config.data.vocab_size=300", "--config.data.embedded_max_pairs=2000",
-           f"--workdir={tmp_path / 'run'}"]
+           f"--config.data.locale_dir={no_catalogues}", f"--workdir={tmp_path / 'run'}"]
     out = subprocess.run(cmd, cwd=elsewhere, capture_output=True, text=True,
                          env={**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE})
     assert out.returncode == 0, out.stderr[-3000:]

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from switchzoo.configs import demo
+from switchzoo.configs import demo, mini
 from switchzoo import loop
 
 from conftest import FAST_COMPILE
@@ -18,8 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_loss_falls_and_metrics_are_written(tmp_path):
-    config = demo.get_config("model=switch_tiny,steps=60")
-    config.task, config.data.pair = "lm", "de-en"        # an LM on the embedded English side
+    config = mini.get_config("model=switch_tiny,steps=60")   # an LM on the embedded English
     config.log_every_steps, config.eval_every_steps = 20, 60
     config.per_device_batch_size, config.max_length, config.data.vocab_size = 2, 64, 500
     config.layout, config.mesh = "dp_ep", "data:2,model:1,expert:4"
@@ -43,6 +42,10 @@ def test_loss_falls_and_metrics_are_written(tmp_path):
     ("--config.num_train_steps=many", "invalid literal for int()"),
     ("--config.model=switch_tinny", "did you mean 'switch_tiny'"),
     ("--config.mesh=data:3", "has 3 devices but 1 are available"),
+    ("--config.num_train_steps=-5", "--config.num_train_steps=-5 is out of range: it must be >= 1"),
+    ("--config.data.train_files=mine.tsv", "data.train_files='mine.tsv' is read only with "
+                                           "data.source=files, and this run has data.source=embedded"),
+    ("--config.moe.jitter=2", "--config.moe.jitter=2.0 is out of range: it must be >= 0 and < 1"),
     ("--config=configs/nope.py", "No such file or directory: 'configs/nope.py'"),
 ])
 def test_train_py_rejects_bad_flags_in_one_line(tmp_path, flag, message):

@@ -1,6 +1,7 @@
 """Evaluate a run, or collect runs into a paper's table.
 
     python eval.py --workdir=DIR                      # the run's newest checkpoint
+    python eval.py --workdir=DIR --config.eval.num_beams=8 --config.data.eval_files=test.tsv
     python eval.py --workdir=DIR --checkpoint=HF_DIR --config=configs/wmt.py
     python eval.py --table=switch_table1 --runs=DIR1,DIR2,...
     switchzoo-eval ...                                # the same, from an installed package
@@ -12,12 +13,15 @@ from ml_collections import config_flags
 
 from switchzoo import cli, evaluate, tables
 
-config_flags.DEFINE_config_file("config", None, "Run config, when the workdir has none.")
+config_flags.DEFINE_config_file("config", None, "Run config, when the workdir has none; without "
+                                "it, --config.FIELD=value overrides the run's saved config "
+                                "(evaluate.EVAL_OVERRIDES names what may change).")
 flags.DEFINE_string("workdir", None, "The run to evaluate (results.json is written there).")
 flags.DEFINE_string("checkpoint", "", "A Hugging Face directory to evaluate instead.")
 flags.DEFINE_string("table", "", "Collect --runs into this paper table (see switchzoo.tables).")
 flags.DEFINE_list("runs", [], "Run directories for --table.")
 flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
+OVERRIDES = {}     # --config.FIELD=value given without --config=FILE: of the saved config
 
 
 def main(argv):
@@ -33,12 +37,29 @@ def run_eval():
         return
     if not FLAGS.workdir:
         raise ValueError("give --workdir=DIR (or --table=NAME --runs=DIR,...)")
-    config = FLAGS.config or evaluate.load_config(pathlib.Path(FLAGS.workdir))
+    config = FLAGS.config or evaluate.load_config(pathlib.Path(FLAGS.workdir), OVERRIDES)
     evaluate.run(config, FLAGS.workdir, FLAGS.checkpoint)
 
 
+def parse_flags(argv):
+    """cli.parse_flags; without --config=FILE, each --config.FIELD=value is kept for the run's
+    saved config (absl knows such flags only for a config file)."""
+    if not any(a.startswith("--config=") for a in argv[1:]):
+        rest = []
+        for arg in argv:
+            name, sep, value = arg.partition("=")
+            if not name.startswith("--config."):
+                rest.append(arg)
+            elif sep:
+                OVERRIDES[name[len("--config."):]] = value
+            else:
+                cli.bad_flag(f"{arg}: write overrides as --config.FIELD=value")
+        argv = rest
+    return cli.parse_flags(argv)
+
+
 def run():
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

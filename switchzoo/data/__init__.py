@@ -5,7 +5,8 @@
     for batch in d.eval_batches(): ...     # unpacked, one example per row, finite
     d.tokenizer.decode(ids); d.eval_examples
 
-Sources (config.data.source): "embedded" (gettext catalogues of this machine, offline),
+Sources (config.data.source): "embedded" (the shipped gettext corpus, offline, plus this
+machine's catalogues),
 "files" (local TSV / text, gzip allowed), "tfds" (a prepared array_record tfds dataset:
 wmt14_translate/de-en, wmt14_translate/fr-en, lm1b, or local_text/* built by tfds_local).
 """
@@ -30,16 +31,18 @@ def default_config() -> ml_collections.ConfigDict:
         source="embedded",          # embedded | files | tfds
         train_files="",             # comma-separated; translation TSV source<TAB>target, LM lines
         eval_files="",              # "" with source=files: hold ~2% of train_files out
-        tfds_name="",               # wmt14_translate/de-en, wmt14_translate/fr-en, lm1b, ...
+        tfds_name="",               # "": wmt14_translate/<xx>-en for translation (pair en-xx or
+                                    # xx-en), lm1b for lm; or any prepared name
         tfds_data_dir="",           # "" = tfds default (~/tensorflow_datasets)
         train_split="train",
-        eval_split="validation",    # wmt14: validation; lm1b: test
+        eval_split="",              # "": validation where the dataset has one, else test
         pair="en-de",               # source-target; the embedded LM corpus is the target side
         vocab_path="",              # a SentencePiece .model; "" = train, cache workdir/tokenizer.model
         vocab_size=8000,
         spm_max_sentences=200_000,  # sentences the vocabulary is trained on, at most
         max_eval_examples=1000,
         embedded_max_pairs=0,       # 0 = all
+        locale_dir="/usr/share/locale",  # embedded: this machine's gettext catalogues add pairs
     ))
 
 
@@ -53,6 +56,7 @@ class Data:
     batch_size: int
     max_length: int
     description: str
+    eval_split: str = "held out"
     _eval_features: list | None = dataclasses.field(default=None, repr=False)
 
     def eval_batches(self) -> Iterator[dict]:
@@ -65,20 +69,28 @@ class Data:
 
 
 def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
-          batch_size: int, max_length: int, seed: int = 0) -> Data:
+          batch_size: int, max_length: int, seed: int = 0, evaluating: bool = False) -> Data:
     """The train iterator, eval batches and tokenizer for ``task`` ("translation" | "lm").
 
     The workdir holds the tokenizer (and the embedded corpus) so a resumed run reads exactly
-    what it started with.
+    what it started with. ``evaluating``: no train iterator, and ``cfg.eval_files`` are the
+    evaluation examples whatever the source (a trained run scored on other text).
     """
     if task not in TASKS:
         raise ValueError(f"unknown task '{task}'; use one of {', '.join(TASKS)}")
     if max_length < 2 or batch_size < 1:
         raise ValueError(f"max_length={max_length} and batch_size={batch_size}: need a length of "
                          "at least 2 (one token + EOS) and a batch of at least 1")
-    corpus = sources.load(cfg, task, workdir)
+    if evaluating and cfg.eval_files:
+        corpus = sources.eval_files(cfg, task)
+        load_train = lambda: sources.load(cfg, task, workdir).train   # noqa: E731
+    else:
+        corpus = sources.load(cfg, task, workdir)
+        load_train = lambda: corpus.train                              # noqa: E731
     tok = tokenizer_lib.load_or_train(
-        cfg, workdir, lambda: sources.sample(corpus.train, task, cfg.spm_max_sentences))
+        cfg, workdir, lambda: sources.sample(load_train(), task, cfg.spm_max_sentences))
     featurize = pipeline.featurizer(tok, task, max_length)
-    train = pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed)
-    return Data(tok, train, corpus.eval, task, batch_size, max_length, corpus.description)
+    train = (None if evaluating else
+             pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed))
+    return Data(tok, train, corpus.eval, task, batch_size, max_length, corpus.description,
+                corpus.eval_split)

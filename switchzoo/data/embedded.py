@@ -1,12 +1,17 @@
-"""A real parallel corpus harvested from the gettext catalogues every Linux machine ships.
+"""The offline demo corpus: human translations of English interface strings (GNU gettext).
 
-/usr/share/locale/<lang>/LC_MESSAGES/*.mo hold human translations of English interface strings
-(coreutils, glib, iso_3166 country names, ...). Pairing msgid with msgstr gives an
-English<->lang corpus with no download, so the demo runs offline. The harvest is cached in the
-workdir so that a resumed run reads exactly the corpus it started with, whatever the machine.
+A compiled catalogue, <locale_dir>/<lang>/LC_MESSAGES/*.mo, pairs each English message (msgid) of
+a program (coreutils, glib, iso_3166 country names, ...) with its translation (msgstr). The
+package ships such a harvest, ~53k English-German pairs with their provenance and licences
+(switchzoo/data/corpus/, rebuilt by ``python -m switchzoo.data.ship_corpus``), so the demo needs
+no download and no system catalogues; the catalogues of the machine it runs on, where it has
+some, only add pairs. The corpus is cached in the workdir so that a resumed run reads exactly the
+corpus it started with, whatever the machine.
 """
 from __future__ import annotations
 
+import importlib.resources
+import lzma
 import pathlib
 import re
 import struct
@@ -61,23 +66,54 @@ def clean(text: str) -> str | None:
     return text
 
 
+def catalogues(lang: str, locale_dir: pathlib.Path = LOCALE_DIR) -> list[pathlib.Path]:
+    """Every compiled catalogue of ``lang`` (and its regional variants) under ``locale_dir``."""
+    locale_dir = pathlib.Path(locale_dir)
+    return (sorted(locale_dir.glob(f"{lang}/LC_MESSAGES/*.mo"))
+            + sorted(locale_dir.glob(f"{lang}_*/LC_MESSAGES/*.mo")))
+
+
 def harvest(lang: str, locale_dir: pathlib.Path = LOCALE_DIR) -> list[tuple[str, str]]:
-    """Sorted, distinct (english, translation) pairs from every catalogue of ``lang``."""
-    catalogues = sorted(locale_dir.glob(f"{lang}/LC_MESSAGES/*.mo"))
-    catalogues += sorted(locale_dir.glob(f"{lang}_*/LC_MESSAGES/*.mo"))
-    if not catalogues:
-        raise FileNotFoundError(
-            f"no gettext catalogues for '{lang}' under {locale_dir}/{lang}/LC_MESSAGES to build "
-            "the embedded corpus; install some translations (apt-get install language-pack-"
-            f"{lang}) or train on local files: --config.data.source=files "
-            "--config.data.train_files=train.tsv --config.data.eval_files=eval.tsv")
+    """Sorted, distinct (english, translation) pairs from this machine's catalogues of ``lang``
+    (none where it has none)."""
     pairs = set()
-    for path in catalogues:
+    for path in catalogues(lang, locale_dir):
         for english, translated in parse_mo(path):
             english, translated = clean(english), clean(translated)
             if english and translated:
                 pairs.add((english, translated))
     return sorted(pairs)
+
+
+def shipped(lang: str) -> list[tuple[str, str]]:
+    """The (english, translation) pairs the package ships for ``lang`` (none if it ships none)."""
+    path = importlib.resources.files("switchzoo.data") / "corpus" / f"en-{lang}.tsv.xz"
+    if not path.is_file():
+        return []
+    lines = lzma.decompress(path.read_bytes()).decode("utf-8").splitlines()
+    return [tuple(line.split("\t")[:2]) for line in lines]
+
+
+def shipped_langs() -> list[str]:
+    folder = importlib.resources.files("switchzoo.data") / "corpus"
+    return sorted(p.name[3:-len(".tsv.xz")] for p in folder.iterdir()
+                  if p.name.startswith("en-") and p.name.endswith(".tsv.xz"))
+
+
+def corpus(lang: str, locale_dir: pathlib.Path = LOCALE_DIR) -> tuple[list, str]:
+    """(sorted distinct pairs, description): the shipped pairs and this machine's."""
+    ours, host = shipped(lang), harvest(lang, locale_dir)
+    pairs = sorted(set(ours) | set(host))
+    if not pairs:
+        raise FileNotFoundError(
+            f"no English-'{lang}' pairs for the embedded corpus: the package ships "
+            f"{', '.join('en-' + x for x in shipped_langs()) or 'none'} and {locale_dir} has no "
+            f"'{lang}' gettext catalogues; use --config.data.pair=en-de, install translations "
+            f"(apt-get install language-pack-{lang}), or train on local files with "
+            "--config.data.source=files --config.data.train_files=train.tsv")
+    added = len(pairs) - len(set(ours))
+    return pairs, (f"embedded corpus en-{lang}: {len(ours):,} shipped pairs + {added:,} from "
+                   f"the catalogues in {locale_dir}")
 
 
 def _pair_langs(pair: str) -> tuple[str, str]:
@@ -89,8 +125,9 @@ def _pair_langs(pair: str) -> tuple[str, str]:
 
 
 def load(pair: str, task: str, cache_dir: str | pathlib.Path | None, max_pairs: int = 0,
-         locale_dir: pathlib.Path = LOCALE_DIR) -> tuple[list, list]:
-    """(train, eval) examples: (source, target) pairs, or for ``lm`` texts of the target side.
+         locale_dir: pathlib.Path = LOCALE_DIR) -> tuple[list, list, str]:
+    """(train, eval, description): (source, target) pairs, or for ``lm`` texts of the target
+    side.
 
     ``max_pairs`` > 0 keeps that many training pairs, a hash-chosen (not alphabetical) subset.
     """
@@ -99,8 +136,9 @@ def load(pair: str, task: str, cache_dir: str | pathlib.Path | None, max_pairs: 
     cache = pathlib.Path(cache_dir) / f"embedded-en-{lang}.tsv" if cache_dir else None
     if cache is not None and cache.is_file():
         pairs = files.read_tsv(cache)
+        description = f"embedded corpus en-{lang}: {len(pairs):,} pairs cached in {cache}"
     else:
-        pairs = harvest(lang, locale_dir)
+        pairs, description = corpus(lang, locale_dir)
         if cache is not None:
             files.write_tsv(cache, pairs)
     # Split on the English string: its several translations all land on the same side.
@@ -115,4 +153,4 @@ def load(pair: str, task: str, cache_dir: str | pathlib.Path | None, max_pairs: 
         held_out = list(dict.fromkeys(t for _, t in held_out))
         seen = set(held_out)
         train = [t for t in dict.fromkeys(t for _, t in train) if t not in seen]
-    return train, held_out
+    return train, held_out, description

@@ -19,13 +19,15 @@ class Corpus:
     train: Sequence        # random access: len() and [i]
     eval: list             # capped at max_eval_examples
     description: str
+    eval_split: str = "held out"     # what the evaluation examples are
 
 
 def load(cfg, task: str, workdir) -> Corpus:
     if cfg.source == "embedded":
         cache = pathlib.Path(workdir) / "data" if workdir else None
-        train, held = embedded.load(cfg.pair, task, cache, cfg.embedded_max_pairs)
-        corpus = Corpus(train, held, f"embedded gettext corpus {cfg.pair}")
+        train, held, description = embedded.load(cfg.pair, task, cache, cfg.embedded_max_pairs,
+                                                 pathlib.Path(cfg.locale_dir))
+        corpus = Corpus(train, held, description)
     elif cfg.source == "files":
         if not cfg.train_files:
             raise ValueError("data.source=files needs --config.data.train_files=A[,B] (translation:"
@@ -35,13 +37,24 @@ def load(cfg, task: str, workdir) -> Corpus:
             held = files.read(cfg.eval_files, task)
         else:   # no eval split given: hold ~2% of the training files out
             train, held = files.hold_out(train)
-        corpus = Corpus(train, held, f"files {cfg.train_files}")
+        corpus = Corpus(train, held, f"files {cfg.train_files}",
+                        cfg.eval_files or "held out of train_files")
     elif cfg.source == "tfds":
         corpus = _tfds(cfg, task)
     else:
         raise ValueError(f"unknown data.source '{cfg.source}'; use one of {', '.join(SOURCES)}")
     if not len(corpus.train):
         raise ValueError(f"{corpus.description}: the training split is empty; give more data")
+    return _capped(corpus, cfg)
+
+
+def eval_files(cfg, task: str) -> Corpus:
+    """Evaluation examples from data.eval_files alone (no training split)."""
+    return _capped(Corpus([], files.read(cfg.eval_files, task), f"files {cfg.eval_files}",
+                          cfg.eval_files), cfg)
+
+
+def _capped(corpus: Corpus, cfg) -> Corpus:
     if cfg.max_eval_examples > 0:
         corpus.eval = corpus.eval[:cfg.max_eval_examples]
     return corpus
@@ -81,10 +94,7 @@ def _text(value) -> str:
 def _tfds(cfg, task: str) -> Corpus:
     import tensorflow_datasets as tfds
     from switchzoo.data import tfds_local  # noqa: F401  registers local_text
-    name, data_dir = cfg.tfds_name, cfg.tfds_data_dir or None
-    if not name:
-        raise ValueError("data.source=tfds needs --config.data.tfds_name (wmt14_translate/de-en, "
-                         "wmt14_translate/fr-en, lm1b, local_text/translation, local_text/lm)")
+    name, data_dir = cfg.tfds_name or default_tfds_name(cfg.pair, task), cfg.tfds_data_dir or None
     where = data_dir or "the default tfds data_dir (~/tensorflow_datasets or $TFDS_DATA_DIR)"
     fix = (f"tfds dataset '{name}' is not prepared in {where}; prepare it once as array_record "
            f"(python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', data_dir="
@@ -108,8 +118,10 @@ def _tfds(cfg, task: str) -> Corpus:
             raise ValueError(f"data.pair '{cfg.pair}' does not match the features "
                              f"{sorted(features)} of {name}; set --config.data.pair=SRC-TGT from "
                              "those (e.g. en-de for English to German)")
+    eval_split = cfg.eval_split or ("validation" if "validation" in builder.info.splits
+                                    else "test")
     splits = {}
-    for split in (cfg.train_split, cfg.eval_split):
+    for split in (cfg.train_split, eval_split):
         if split not in builder.info.splits:
             raise ValueError(f"{name} has no split '{split}' (it has {list(builder.info.splits)})"
                              "; set --config.data.train_split / --config.data.eval_split")
@@ -119,6 +131,18 @@ def _tfds(cfg, task: str) -> Corpus:
             raise ValueError(f"{name} in {where} was prepared as tfrecord, which has no random "
                              "access; prepare it again with file_format='array_record' in "
                              "another data_dir") from None
-    held = splits[cfg.eval_split]
+    held = splits[eval_split]
     cap = len(held) if cfg.max_eval_examples <= 0 else min(len(held), cfg.max_eval_examples)
-    return Corpus(splits[cfg.train_split], [held[i] for i in range(cap)], f"tfds {name}")
+    return Corpus(splits[cfg.train_split], [held[i] for i in range(cap)],
+                  f"tfds {name} ({cfg.train_split}; evaluation: {eval_split})", eval_split)
+
+
+def default_tfds_name(pair: str, task: str) -> str:
+    """What data.tfds_name="" means: WMT'14 for translation, LM1B for language modelling."""
+    if task == "lm":
+        return "lm1b"
+    other = [lang for lang in pair.split("-") if lang != "en"]
+    if len(pair.split("-")) != 2 or len(other) != 1 or other[0] not in ("de", "fr"):
+        raise ValueError(f"data.pair '{pair}' has no WMT'14 dataset: use en-de, de-en, en-fr or "
+                         "fr-en, or name a prepared dataset with --config.data.tfds_name")
+    return f"wmt14_translate/{other[0]}-en"
