@@ -15,7 +15,6 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import dataclasses  # noqa: E402
 import math  # noqa: E402
 
 from common import Step, emit, machine, parser  # noqa: E402

@@ -34,7 +34,7 @@ def goals_table(results: dict) -> list[str]:
 
 def train_step_section(r: dict, figures: Path) -> list[str]:
     c = r["config"]
-    lines = [f"### Train step (`bench/train_step.py`)", "",
+    lines = ["### Train step (`bench/train_step.py`)", "",
              f"Decoder-only LM, d_model {c['d_model']}, d_ff {c['d_ff']}, {c['layers']} layers, "
              f"{c['heads']} heads, vocab {c['vocab']}, batch {c['batch']} x {c['length']} "
              f"tokens, AdamW, float32; Switch: {c['experts']} experts in every other FFN, "

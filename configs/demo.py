@@ -1,8 +1,9 @@
 """python train.py --config=configs/demo.py --workdir=workdirs/demo && python eval.py --workdir=workdirs/demo
 
 The offline demo: a small Switch translation model (English -> German, 8 experts in every other
-layer) trained on the embedded corpus (the GNU gettext catalogues under /usr/share/locale:
-human translations of program messages), on CPU in a few minutes. Variant keys: model, layout,
+layer) trained on the embedded corpus (GNU gettext catalogues: human translations of program
+messages, shipped with the package; the machine's own under /usr/share/locale add to them), on
+CPU in a few minutes. Variant keys: model, layout,
 mesh, pair (e.g. en-fr), steps.
 """
 from switchzoo.configs import base

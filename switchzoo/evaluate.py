@@ -27,7 +27,8 @@ EVAL_OVERRIDES = ("eval.", "data.eval_files", "data.eval_split", "data.max_eval_
                   "moe.grouped_matmul", "moe.block_size")
 
 
-def load_config(workdir: pathlib.Path, overrides: dict | None = None) -> ml_collections.ConfigDict:
+def load_config(workdir: pathlib.Path,
+                overrides: dict | None = None) -> ml_collections.ConfigDict:
     """The run's saved config on top of today's defaults, with ``overrides`` ({dotted field:
     text}) of the fields in EVAL_OVERRIDES."""
     path = workdir / "config.json"
@@ -38,9 +39,9 @@ def load_config(workdir: pathlib.Path, overrides: dict | None = None) -> ml_coll
     config.update_from_flattened_dict(_flatten(json.loads(path.read_text())))
     for key, text in (overrides or {}).items():
         if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in EVAL_OVERRIDES):
+            allowed = ", ".join(k + "*" if k.endswith(".") else k for k in EVAL_OVERRIDES)
             raise ValueError(f"--config.{key} cannot change when evaluating a trained run (it "
-                             f"defines what was trained); eval.py may set "
-                             f"{', '.join(k + '*' if k.endswith('.') else k for k in EVAL_OVERRIDES)}")
+                             f"defines what was trained); eval.py may set {allowed}")
         base.set_field(config, key, text)
     return config
 

@@ -89,3 +89,30 @@ def test_a_wheel_installed_elsewhere_has_the_catalogue_and_trains(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "resuming at step 1" in out.stdout
     assert (tmp_path / "run" / "checkpoints" / "2").is_dir()
+
+
+def _recipes() -> dict[str, tuple[list[str], str]]:
+    """Makefile target -> (prerequisites, recipe text), with $(VENV) spelt .venv."""
+    text = (ROOT / "Makefile").read_text().replace("$(VENV)", ".venv")
+    rules, target = {}, None
+    for line in text.splitlines():
+        if line.startswith("\t") and target:
+            rules[target][1].append(line.strip())
+        elif ":" in line and not line.startswith((" ", "#")) and "=" not in line.split(":")[0]:
+            target, _, rest = line.partition(":")
+            rules[target.strip()] = (rest.split("##")[0].split(), [])
+        else:
+            target = None
+    return {t: (pre, "\n".join(r)) for t, (pre, r) in rules.items()}
+
+
+def test_make_demo_installs_only_what_the_main_job_needs():
+    rules = _recipes()
+
+    def installs(target):       # every recipe a target's set-up runs, prerequisites first
+        pre, recipe = rules[target]
+        return "".join(installs(p) for p in pre if p in rules) + recipe
+    demo, test = installs("demo"), installs("test")
+    assert "pip install -q -e ." in demo
+    assert "[test]" not in demo and "torch" not in demo.replace("$(TORCH)", "torch")
+    assert "$(TORCH)" in test and '-e ".[test]"' in test

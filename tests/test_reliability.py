@@ -92,8 +92,9 @@ def test_sigkill_at_random_moments_resumes_from_committed_checkpoints(tmp_path):
         assert before, "at least one checkpoint should have committed"
         proc = start_and_wait(workdir, 40, 1)
         # It resumed from the newest checkpoint that had committed, not from a partial one.
-        first_line = proc.stdout.readline()
-        assert f"resuming at step {max(before)}" in first_line, first_line
+        said = proc.stdout.readline()               # data: ..., then model ...: resuming
+        said += proc.stdout.readline()
+        assert f"resuming at step {max(before)}" in said, said
         resumed_from.append(max(before))
     proc.kill()
     proc.wait()

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from switchzoo.configs import demo, mini
+from switchzoo.configs import mini
 from switchzoo import loop
 
 from conftest import FAST_COMPILE
@@ -43,8 +43,9 @@ def test_loss_falls_and_metrics_are_written(tmp_path):
     ("--config.model=switch_tinny", "did you mean 'switch_tiny'"),
     ("--config.mesh=data:3", "has 3 devices but 1 are available"),
     ("--config.num_train_steps=-5", "--config.num_train_steps=-5 is out of range: it must be >= 1"),
-    ("--config.data.train_files=mine.tsv", "data.train_files='mine.tsv' is read only with "
-                                           "data.source=files, and this run has data.source=embedded"),
+    ("--config.data.train_files=mine.tsv",
+     "data.train_files='mine.tsv' is read only with data.source=files, and this run has "
+     "data.source=embedded"),
     ("--config.moe.jitter=2", "--config.moe.jitter=2.0 is out of range: it must be >= 0 and < 1"),
     ("--config=configs/nope.py", "No such file or directory: 'configs/nope.py'"),
 ])

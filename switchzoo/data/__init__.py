@@ -42,7 +42,7 @@ def default_config() -> ml_collections.ConfigDict:
         spm_max_sentences=200_000,  # sentences the vocabulary is trained on, at most
         max_eval_examples=1000,
         embedded_max_pairs=0,       # 0 = all
-        locale_dir="/usr/share/locale",  # embedded: this machine's gettext catalogues add pairs
+        locale_dir="/usr/share/locale",  # embedded: this machine's catalogues add pairs
     ))
 
 
