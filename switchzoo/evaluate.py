@@ -37,6 +37,9 @@ def load_config(workdir: pathlib.Path,
                                 "workdir of a run, or --checkpoint=HF_DIR with --config")
     config = base.get_base()
     config.update_from_flattened_dict(_flatten(json.loads(path.read_text())))
+    defaults = base.get_base()              # what the run did not read (older runs kept some)
+    config.update_from_flattened_dict({f: validate.get(defaults, f)
+                                       for f in validate.unread(config)})
     for key, text in (overrides or {}).items():
         if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in EVAL_OVERRIDES):
             allowed = ", ".join(k + "*" if k.endswith(".") else k for k in EVAL_OVERRIDES)

@@ -99,13 +99,19 @@ def check(config, evaluating: bool = False) -> None:
         if value is not None and value not in allowed:
             raise ValueError(f"--config.{field}={value!r} is not one of {', '.join(allowed)}")
     defaults = base.get_base()
-    for field, (reads, who) in READERS.items():
-        if evaluating and field == "data.eval_files":
-            continue
-        if get(config, field) != get(defaults, field) and not reads(config):
-            raise ValueError(f"--config.{field}={get(config, field)!r} is read only with {who}, "
-                             f"and this run has {_context(config, who)}: set that, or leave "
-                             f"{field} at its default ({get(defaults, field)!r})")
+    for field in unread(config, evaluating):
+        who = READERS[field][1]
+        raise ValueError(f"--config.{field}={get(config, field)!r} is read only with {who}, and "
+                         f"this run has {_context(config, who)}: set that, or leave {field} at "
+                         f"its default ({get(defaults, field)!r})")
+
+
+def unread(config, evaluating: bool = False) -> list[str]:
+    """The fields of READERS set away from their defaults where this run does not read them."""
+    defaults = base.get_base()
+    return [field for field, (reads, _) in READERS.items()
+            if not (evaluating and field == "data.eval_files")
+            and get(config, field) != get(defaults, field) and not reads(config)]
 
 
 def _context(config, who: str) -> str:

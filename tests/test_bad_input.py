@@ -255,3 +255,15 @@ def test_eval_overrides_of_a_saved_config(run, tmp_path):
                          env={**os.environ, "XLA_FLAGS": FAST_COMPILE})
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert "--config.seed cannot change when evaluating a trained run" in out.stderr
+
+
+def test_a_run_saved_before_the_unread_field_checks_still_evaluates(run, tmp_path):
+    copy = tmp_path / "old"
+    shutil.copytree(run, copy)
+    saved = json.loads((copy / "config.json").read_text())
+    saved["data"]["eval_split"] = "validation"      # what older runs wrote under every source
+    (copy / "config.json").write_text(json.dumps(saved))
+    config = evaluate.load_config(copy, {"data.max_eval_examples": "2"})
+    assert config.data.eval_split == "" and config.data.max_eval_examples == 2
+    with pytest.raises(ERRORS, match=r"data.tfds_data_dir='/x' is read only with data.source="):
+        evaluate.run(evaluate.load_config(copy, {"data.tfds_data_dir": "/x"}), copy)
