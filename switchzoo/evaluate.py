@@ -36,7 +36,7 @@ def load_config(workdir: pathlib.Path,
         raise FileNotFoundError(f"{workdir} has no config.json (not a training run); pass the "
                                 "workdir of a run, or --checkpoint=HF_DIR with --config")
     config = base.get_base()
-    config.update_from_flattened_dict(_flatten(json.loads(path.read_text())))
+    config.update(json.loads(path.read_text()))      # recursive: nested dicts update in place
     defaults = base.get_base()              # what the run did not read (older runs kept some)
     config.update_from_flattened_dict({f: validate.get(defaults, f)
                                        for f in validate.unread(config)})
@@ -47,16 +47,6 @@ def load_config(workdir: pathlib.Path,
                              f"defines what was trained); eval.py may set {allowed}")
         base.set_field(config, key, text)
     return config
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 def run_model(config, workdir: pathlib.Path, vocab_size: int) -> ModelConfig:

@@ -8,44 +8,69 @@ silently ignored.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from switchzoo.configs import base
 
-INF = math.inf
-# field: (lowest, highest, whether the bounds themselves are allowed (low, high), meaning)
+@dataclasses.dataclass(frozen=True)
+class Range:
+    low: float
+    high: float = math.inf
+    open_low: bool = False          # the bound itself is not allowed
+    open_high: bool = False
+    meaning: str = ""
+
+    def holds(self, value) -> bool:
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and (value > self.low if self.open_low else value >= self.low)
+                and (value < self.high if self.open_high else value <= self.high))
+
+    def __str__(self) -> str:
+        text = f"{'>' if self.open_low else '>='} {self.low}"
+        if self.high != math.inf:
+            text += f" and {'<' if self.open_high else '<='} {self.high}"
+        return text + self.meaning
+
+
+def at_least(low: int, meaning: str = "") -> Range:
+    return Range(low, meaning=meaning)
+
+
+POSITIVE = Range(0, open_low=True)
+FRACTION = Range(0, 1, open_high=True)      # rates: dropout, smoothing, jitter
 RANGES = {
-    "seed": (0, INF, (True, True), ""),
-    "num_train_steps": (1, INF, (True, True), ""),
-    "log_every_steps": (1, INF, (True, True), ""),
-    "eval_every_steps": (0, INF, (True, True), " (0: never)"),
-    "checkpoint_every_steps": (1, INF, (True, True), ""),
-    "keep_checkpoints": (1, INF, (True, True), ""),
-    "per_device_batch_size": (1, INF, (True, True), ""),
-    "max_length": (2, INF, (True, True), " (one token + EOS)"),
-    "grad_accum_steps": (1, INF, (True, True), ""),
-    "warmup_steps": (0, INF, (True, True), ""),
-    "learning_rate": (0, INF, (False, True), ""),
-    "weight_decay": (0, INF, (True, True), ""),
-    "label_smoothing": (0, 1, (True, False), ""),
-    "dropout": (0, 1, (True, False), ""),
-    "data.vocab_size": (32, INF, (True, True), ""),
-    "data.spm_max_sentences": (1, INF, (True, True), ""),
-    "data.max_eval_examples": (0, INF, (True, True), " (0: all)"),
-    "data.embedded_max_pairs": (0, INF, (True, True), " (0: all)"),
-    "eval.num_beams": (1, INF, (True, True), " (1: greedy)"),
-    "eval.length_penalty": (0, INF, (True, True), ""),
-    "eval.max_decode_length": (1, INF, (True, True), ""),
-    "eval.max_examples": (1, INF, (True, True), ""),
-    "moe.top_k": (1, INF, (True, True), ""),
-    "moe.train_capacity_factor": (0, INF, (False, True), ""),
-    "moe.eval_capacity_factor": (0, INF, (False, True), ""),
-    "moe.group_size": (0, INF, (True, True), " (0: one group per sequence)"),
-    "moe.block_size": (1, INF, (True, True), ""),
-    "moe.aux_loss_weight": (0, INF, (True, True), ""),
-    "moe.z_loss_weight": (0, INF, (True, True), ""),
-    "moe.jitter": (0, 1, (True, False), ""),
-    "moe.expert_dropout": (0, 1, (True, False), ""),
+    "seed": at_least(0),
+    "num_train_steps": at_least(1),
+    "log_every_steps": at_least(1),
+    "eval_every_steps": at_least(0, " (0: never)"),
+    "checkpoint_every_steps": at_least(1),
+    "keep_checkpoints": at_least(1),
+    "per_device_batch_size": at_least(1),
+    "max_length": at_least(2, " (one token + EOS)"),
+    "grad_accum_steps": at_least(1),
+    "warmup_steps": at_least(0),
+    "learning_rate": POSITIVE,
+    "weight_decay": at_least(0),
+    "label_smoothing": FRACTION,
+    "dropout": FRACTION,
+    "data.vocab_size": at_least(32),
+    "data.spm_max_sentences": at_least(1),
+    "data.max_eval_examples": at_least(0, " (0: all)"),
+    "data.embedded_max_pairs": at_least(0, " (0: all)"),
+    "eval.num_beams": at_least(1, " (1: greedy)"),
+    "eval.length_penalty": at_least(0),
+    "eval.max_decode_length": at_least(1),
+    "eval.max_examples": at_least(1),
+    "moe.top_k": at_least(1),
+    "moe.train_capacity_factor": POSITIVE,
+    "moe.eval_capacity_factor": POSITIVE,
+    "moe.group_size": at_least(0, " (0: one group per sequence)"),
+    "moe.block_size": at_least(1),
+    "moe.aux_loss_weight": at_least(0),
+    "moe.z_loss_weight": at_least(0),
+    "moe.jitter": FRACTION,
+    "moe.expert_dropout": FRACTION,
 }
 CHOICES = {
     "task": ("translation", "lm"),
@@ -77,23 +102,12 @@ def get(config, dotted: str):
     return node
 
 
-def _range_text(low, high, inclusive) -> str:
-    left = f">= {low}" if inclusive[0] else f"> {low}"
-    return left if high == INF else f"{left} and {'<=' if inclusive[1] else '<'} {high}"
-
-
 def check(config, evaluating: bool = False) -> None:
     """Raises ValueError on the first setting that is out of range, unknown or unread."""
-    for field, (low, high, inclusive, meaning) in RANGES.items():
+    for field, allowed in RANGES.items():
         value = get(config, field)
-        if value is None:                        # a moe.* placeholder: the catalogue's value
-            continue
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-              and (value >= low if inclusive[0] else value > low)
-              and (value <= high if inclusive[1] else value < high))
-        if not ok:
-            raise ValueError(f"--config.{field}={value!r} is out of range: it must be "
-                             f"{_range_text(low, high, inclusive)}{meaning}")
+        if value is not None and not allowed.holds(value):   # None: the catalogue's moe value
+            raise ValueError(f"--config.{field}={value!r} is out of range: it must be {allowed}")
     for field, allowed in CHOICES.items():
         value = get(config, field)
         if value is not None and value not in allowed:
