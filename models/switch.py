@@ -168,6 +168,17 @@ MODELS.update({
         source="CPU-sized switch_base_* (HF layout: encoder-decoder, tied, layer 1 sparse); "
                "not a published model",
     ),
+**{f"switch_cpu_{e}": dict(
+        vocab_size=4224, d_model=128, num_heads=4, d_kv=32, d_ff=512,
+        num_layers=4, num_encoder_layers=4, activation="relu", dropout=0.0, tie_embeddings=True,
+        relpos_buckets=32, relpos_max_distance=128,
+        moe=dict(num_experts=e, top_k=1, group_size=256, train_capacity_factor=1.25,
+                 eval_capacity_factor=2.0, min_capacity=4, jitter=0.01, aux_loss_weight=0.01,
+                 z_loss_weight=0.0, sparse_every=2, sparse_offset=1),
+        source=f"CPU-sized switch_base_{e} for the span-corruption experiment "
+               "(experiments/switch_vs_dense.py): switch_base_*'s layout (ReLU, tied, every "
+               "other FFN sparse) at d_model 128, 4+4 layers; not a published model",
+    ) for e in (8, 16, 32)},
     "switch_c_tiny": dict(
         vocab_size=256, d_model=64, num_heads=4, d_kv=16, d_ff=128,
         num_layers=2, num_encoder_layers=2, activation="relu", tie_embeddings=False,

@@ -64,6 +64,13 @@ MODELS = {
                        flops_per_seq="6.3T"),
         note="the dense FLOP-match of switch_xxl",
     ),
+    "t5_cpu": dict(
+        vocab_size=4224, d_model=128, num_heads=4, d_kv=32, d_ff=512,
+        num_layers=4, num_encoder_layers=4, activation="relu", dropout=0.0, tie_embeddings=True,
+        relpos_buckets=32, relpos_max_distance=128,
+        source="CPU-sized t5_base (T5 v1.0 layout: ReLU, tied) at d_model 128, 4+4 layers: "
+               "the FLOP-matched dense baseline of switch_cpu_*; not a published model",
+    ),
     "t5_tiny": dict(
         vocab_size=256, d_model=64, num_heads=4, d_kv=16, d_ff=128,
         num_layers=2, num_encoder_layers=2, activation="gated-gelu", tie_embeddings=False,

@@ -80,7 +80,7 @@ def restore_params(config, workdir: pathlib.Path, layout, vocab_size: int):
 def evaluate_loss(eval_fn, params, ds, layout) -> dict:
     """Token (and, for text with word counts, word) perplexity over the whole eval split, and
     the Switch metrics averaged over its batches."""
-    totals, moe, n = {"nll": 0.0, "tokens": 0.0, "words": 0.0}, {}, 0
+    totals, moe, n = {"nll": 0.0, "tokens": 0.0, "correct": 0.0, "words": 0.0}, {}, 0
     for batch in ds.eval_batches():
         out = jax.device_get(eval_fn(params, steps.global_batch(batch, layout)))
         for k in totals:
@@ -91,6 +91,7 @@ def evaluate_loss(eval_fn, params, ds, layout) -> dict:
         n += 1
     result = scores.perplexities(totals["nll"], int(totals["tokens"]),
                                  int(totals["words"]) or None)
+    result["accuracy"] = round(totals["correct"] / totals["tokens"], 5)
     for k, v in moe.items():
         result[k] = (v / n).round(5).tolist()
     return result

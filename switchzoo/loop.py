@@ -102,6 +102,8 @@ def train(config, workdir, print_fn=print) -> dict:
                     last = metrics_lib.row(step, m, float(schedule(step - 1)),
                                            throughput.rate())
                     last["batch_sha1"] = metrics_lib.digest(batch)
+                    if ds.spans:      # texts too short to corrupt, since this process began
+                        last["skipped_documents"] = ds.spans.skipped
                     writer.write(last)
                     writer.progress(step, last["loss"], last["tokens_per_sec"])
                 if config.eval_every_steps and step % config.eval_every_steps == 0:

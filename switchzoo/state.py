@@ -250,7 +250,7 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None) 
     for a catalogue model a vocabulary sized for the tokenizer (rounded up to a multiple of
     128, for sharding)."""
     cfg = model or zoo.get(config.model)
-    want_encoder = config.task == "translation"
+    want_encoder = config.task != "lm"            # translation, span corruption
     if cfg.is_encoder_decoder != want_encoder:
         kind = "an encoder-decoder" if want_encoder else "a decoder-only"
         what = f"'{config.model}'" if model is None else "the checkpoint's model"

@@ -76,8 +76,8 @@ def forward(model, cfg: ModelConfig, layout: layout_lib.Layout, batch, rng=None)
 
 
 def make_eval_step(s: state_lib.Setup):
-    """Jitted eval_step(params, batch) -> sums over the batch: nll, tokens, words, and the
-    Switch metrics at the evaluation capacity factor."""
+    """Jitted eval_step(params, batch) -> sums over the batch: nll, tokens, correct (argmax =
+    target), words, and the Switch metrics at the evaluation capacity factor."""
     graphdef, cfg, layout = s.graphdef, s.cfg, s.layout
 
     def eval_step(params, batch):
@@ -85,7 +85,9 @@ def make_eval_step(s: state_lib.Setup):
         weights_BL = batch["weights"].astype(jnp.float32)
         logp_BLV = jax.nn.log_softmax(logits_BLV, axis=-1)
         nll_BL = -jnp.take_along_axis(logp_BLV, batch["targets"][..., None], -1)[..., 0]
+        correct_BL = jnp.argmax(logits_BLV, axis=-1) == batch["targets"]
         out = {"nll": jnp.sum(nll_BL * weights_BL), "tokens": jnp.sum(weights_BL),
+               "correct": jnp.sum(correct_BL * weights_BL),
                "words": jnp.sum(batch.get("num_words", jnp.zeros((1,), jnp.int32)))}
         for key in ("dropped_fraction", "expert_load"):
             if key in aux:

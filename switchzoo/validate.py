@@ -58,6 +58,8 @@ RANGES = {
     "data.spm_max_sentences": at_least(1),
     "data.max_eval_examples": at_least(0, " (0: all)"),
     "data.embedded_max_pairs": at_least(0, " (0: all)"),
+    "data.noise_density": Range(0, 1, open_low=True, open_high=True),
+    "data.mean_noise_span_length": at_least(1),
     "eval.num_beams": at_least(1, " (1: greedy)"),
     "eval.length_penalty": at_least(0),
     "eval.max_decode_length": at_least(1),
@@ -73,7 +75,7 @@ RANGES = {
     "moe.expert_dropout": FRACTION,
 }
 CHOICES = {
-    "task": ("translation", "lm"),
+    "task": ("translation", "lm", "span_corruption"),
     "optimizer": ("adamw", "adafactor"),
     "dtype": ("float32", "bfloat16"),
     "data.source": ("embedded", "files", "tfds"),
@@ -89,6 +91,8 @@ _SOURCES = {"train_files": ("files",), "eval_files": ("files",), "tfds_name": ("
 READERS = {
     **{f"data.{k}": (lambda c, s=s: c.data.source in s,
                      "data.source=" + " or ".join(s)) for k, s in _SOURCES.items()},
+    **{f"data.{k}": (lambda c: c.task == "span_corruption", "task=span_corruption")
+       for k in ("noise_density", "mean_noise_span_length")},
     "weight_decay": (lambda c: c.optimizer == "adamw", "optimizer=adamw"),
     **{f"eval.{k}": (lambda c: c.task == "translation", "task=translation (BLEU decoding)")
        for k in ("num_beams", "length_penalty", "max_decode_length", "max_examples")},

@@ -5,10 +5,13 @@
     for batch in d.eval_batches(): ...     # unpacked, one example per row, finite
     d.tokenizer.decode(ids); d.eval_examples
 
+Tasks: "translation" (source, target) pairs; "lm" texts; "span_corruption" texts corrupted as
+T5 does (pipeline.SpanFeaturizer: inputs ``max_length``, targets ``d.target_length``).
+
 Sources (config.data.source): "embedded" (the shipped gettext corpus, offline, plus this
 machine's catalogues),
 "files" (local TSV / text, gzip allowed), "tfds" (a prepared array_record tfds dataset:
-wmt14_translate/de-en, wmt14_translate/fr-en, lm1b, or local_text/* built by tfds_local).
+wmt14_translate/de-en, wmt14_translate/fr-en, lm1b, c4/en, or local_text/* from tfds_local).
 """
 from __future__ import annotations
 
@@ -17,11 +20,12 @@ from typing import Iterator
 
 import ml_collections
 
+from switchzoo import scores
 from switchzoo.data import pipeline, sources
 from switchzoo.data import tokenizer as tokenizer_lib
 from switchzoo.data.text import byte_lm_batches, default_corpus
 
-TASKS = ("translation", "lm")
+TASKS = ("translation", "lm", "span_corruption")
 
 __all__ = ["Data", "build", "default_config", "byte_lm_batches", "default_corpus"]
 
@@ -36,7 +40,10 @@ def default_config() -> ml_collections.ConfigDict:
         tfds_data_dir="",           # "" = tfds default (~/tensorflow_datasets)
         train_split="train",
         eval_split="",              # "": validation where the dataset has one, else test
-        pair="en-de",               # source-target; the embedded LM corpus is the target side
+        pair="en-de",               # source-target; the embedded LM corpus is the target side,
+                                    # span corruption's the English side
+        noise_density=0.15,         # span corruption: fraction of tokens cut (T5, Switch)
+        mean_noise_span_length=3.0,  # span corruption: mean tokens per cut span
         vocab_path="",              # a SentencePiece .model; "" = train, cache workdir/tokenizer.model
         vocab_size=8000,
         spm_max_sentences=200_000,  # sentences the vocabulary is trained on, at most
@@ -57,20 +64,30 @@ class Data:
     max_length: int
     description: str
     eval_split: str = "held out"
+    spans: pipeline.SpanFeaturizer | None = None     # span corruption's featurizer
+    seed: int = 0
     _eval_features: list | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def target_length(self) -> int:
+        return self.spans.target_length if self.spans else self.max_length
 
     def eval_batches(self) -> Iterator[dict]:
         if self._eval_features is None:   # tokenized once, on first use
-            featurize = pipeline.featurizer(self.tokenizer, self.task, self.max_length)
-            self._eval_features = [featurize(e) for e in self.eval_examples]
-        words = [len(t.split()) for t in self.eval_examples] if self.task == "lm" else None
+            if self.spans:
+                self._eval_features = self.spans.evaluation(self.eval_examples, self.seed)
+            else:
+                featurize = pipeline.featurizer(self.tokenizer, self.task, self.max_length)
+                self._eval_features = [featurize(e) for e in self.eval_examples]
+        words = ([scores.count_words([t]) for t in self.eval_examples] if self.task == "lm"
+                 else None)
         return pipeline.eval_batches(self._eval_features, self.task, self.batch_size,
-                                     self.max_length, words)
+                                     self.max_length, words, self.target_length)
 
 
 def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
           batch_size: int, max_length: int, seed: int = 0, evaluating: bool = False) -> Data:
-    """The train iterator, eval batches and tokenizer for ``task`` ("translation" | "lm").
+    """The train iterator, eval batches and tokenizer for ``task`` (one of TASKS).
 
     The workdir holds the tokenizer (and the embedded corpus) so a resumed run reads exactly
     what it started with. ``evaluating``: no train iterator, and ``cfg.eval_files`` are the
@@ -89,8 +106,13 @@ def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
         load_train = lambda: corpus.train                              # noqa: E731
     tok = tokenizer_lib.load_or_train(
         cfg, workdir, lambda: sources.sample(load_train(), task, cfg.spm_max_sentences))
-    featurize = pipeline.featurizer(tok, task, max_length)
+    spans = None
+    if task == "span_corruption":
+        spans = pipeline.SpanFeaturizer(tok, max_length, cfg.noise_density,
+                                        cfg.mean_noise_span_length)
+    featurize = spans or pipeline.featurizer(tok, task, max_length)
     train = (None if evaluating else
-             pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed))
+             pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed,
+                                     spans.target_length if spans else None))
     return Data(tok, train, corpus.eval, task, batch_size, max_length, corpus.description,
-                corpus.eval_split)
+                corpus.eval_split, spans, seed)

@@ -149,7 +149,7 @@ def load(pair: str, task: str, cache_dir: str | pathlib.Path | None, max_pairs: 
         train = [p for i, p in enumerate(train) if i in keep]
     if source != "en":
         train, held_out = [(t, e) for e, t in train], [(t, e) for e, t in held_out]
-    if task == "lm":   # distinct target-side texts, none of the held-out ones in training
+    if task != "translation":   # distinct target-side texts, none held out in training
         held_out = list(dict.fromkeys(t for _, t in held_out))
         seen = set(held_out)
         train = [t for t in dict.fromkeys(t for _, t in train) if t not in seen]

@@ -66,7 +66,7 @@ def read_texts(path: str | os.PathLike) -> list[str]:
 
 def read(spec: str, task: str) -> list:
     """All examples of the comma-separated files ``spec``, in file then line order."""
-    reader = read_tsv if task == "translation" else read_texts
+    reader = read_tsv if task == "translation" else read_texts    # LM, span corruption
     return [example for path in split_paths(spec) for example in reader(path)]
 
 

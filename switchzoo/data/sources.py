@@ -1,7 +1,8 @@
 """Where examples come from: the embedded corpus, local files, or a prepared tfds dataset.
 
-Every source yields raw examples, (source_text, target_text) for translation or text for LM: a
-random-access training split (what Grain shuffles) and a short evaluation list.
+Every source yields raw examples, (source_text, target_text) for translation or a text for the
+text tasks (LM, span corruption): a random-access training split (what Grain shuffles) and a
+short evaluation list.
 """
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from typing import Sequence
 from switchzoo.data import embedded, files
 
 SOURCES = ("embedded", "files", "tfds")
+
+
+def reads_texts(task: str) -> bool:
+    """True for the tasks whose examples are single texts (not pairs)."""
+    return task != "translation"
 
 
 @dataclasses.dataclass
@@ -25,7 +31,10 @@ class Corpus:
 def load(cfg, task: str, workdir) -> Corpus:
     if cfg.source == "embedded":
         cache = pathlib.Path(workdir) / "data" if workdir else None
-        train, held, description = embedded.load(cfg.pair, task, cache, cfg.embedded_max_pairs,
+        pair = cfg.pair
+        if task == "span_corruption":          # the English side: make it the target
+            pair = "-".join(sorted(pair.split("-"), key=lambda lang: lang == "en"))
+        train, held, description = embedded.load(pair, task, cache, cfg.embedded_max_pairs,
                                                  pathlib.Path(cfg.locale_dir))
         corpus = Corpus(train, held, description)
     elif cfg.source == "files":
@@ -62,13 +71,13 @@ def _capped(corpus: Corpus, cfg) -> Corpus:
 
 def sample(train: Sequence, task: str, max_sentences: int) -> list[str]:
     """Up to ``max_sentences`` sentences, evenly strided over the split, for the vocabulary."""
-    per_example = 2 if task == "translation" else 1
+    per_example = 1 if reads_texts(task) else 2
     count = min(len(train), max(1, max_sentences // per_example))
     stride = len(train) / count
     texts = []
     for k in range(count):
         example = train[int(k * stride)]
-        texts.extend(example if task == "translation" else (example,))
+        texts.extend((example,) if reads_texts(task) else example)
     return texts
 
 
@@ -108,7 +117,7 @@ def _tfds(cfg, task: str) -> Corpus:
     if not builder.is_prepared():
         raise ValueError(fix)
     features = set(builder.info.features.keys())
-    if task == "lm":
+    if reads_texts(task):
         keys = ("text",) if "text" in features else tuple(sorted(features))[:1]
     elif {"source", "target"} <= features:
         keys = ("source", "target")
@@ -138,9 +147,12 @@ def _tfds(cfg, task: str) -> Corpus:
 
 
 def default_tfds_name(pair: str, task: str) -> str:
-    """What data.tfds_name="" means: WMT'14 for translation, LM1B for language modelling."""
+    """What data.tfds_name="" means: WMT'14 for translation, LM1B for language modelling, C4
+    (English) for span corruption."""
     if task == "lm":
         return "lm1b"
+    if task == "span_corruption":
+        return "c4/en"
     other = [lang for lang in pair.split("-") if lang != "en"]
     if len(pair.split("-")) != 2 or len(other) != 1 or other[0] not in ("de", "fr"):
         raise ValueError(f"data.pair '{pair}' has no WMT'14 dataset: use en-de, de-en, en-fr or "

@@ -1,6 +1,9 @@
 """SentencePiece vocabulary: trained on the training split once, cached in the workdir.
 
-Ids follow T5 / the flax examples: 0 pad, 1 eos (also the LM's start token), 2 unk, no bos. A
+Ids follow T5 / the flax examples: 0 pad, 1 eos (also the LM's start token), 2 unk, no bos.
+Like T5's vocabularies ("100extra"), 100 extra ids sit above the SentencePiece pieces: the span
+corruption sentinels, ``<extra_id_0>`` = vocab_size - 1 counted down (a SentencePiece model that
+already holds ``<extra_id_N>`` pieces, as some exported T5 ones do, must hold them there). A
 cached model is reused on resume and never silently retrained over: a run's checkpoints are
 only meaningful with the vocabulary they were trained with.
 """
@@ -18,10 +21,14 @@ from switchzoo import atomic
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 CACHE_NAME = "tokenizer.model"
+EXTRA_IDS = 100                     # = span_corruption.NUM_SENTINELS
+_SENTINEL = re.compile(r"<extra_id_(\d+)>")
 
 
 class Tokenizer:
-    """Text <-> ids. ``encode`` adds no EOS; ``decode`` stops at the first EOS, skips padding."""
+    """Text <-> ids. ``encode`` adds no EOS; ``decode`` stops at the first EOS, skips padding
+    and writes sentinels as ``<extra_id_N>``. ``vocab_size`` counts the extra ids;
+    ``num_pieces`` does not."""
 
     pad_id, eos_id = PAD_ID, EOS_ID
 
@@ -33,7 +40,27 @@ class Tokenizer:
             raise ValueError(f"SentencePiece model {path} has pad_id={self._sp.pad_id()}, "
                              f"eos_id={self._sp.eos_id()}; switchzoo needs pad 0 and eos 1: train "
                              "one with --config.data.vocab_path='' (a T5 model also works)")
-        self.vocab_size = self._sp.get_piece_size()
+        self.num_pieces = self._sp.get_piece_size()
+        own = {int(m.group(1)): i for i in range(self.num_pieces)
+               if (m := _SENTINEL.fullmatch(self._sp.id_to_piece(i)))}
+        if own:      # the model carries its sentinels: they must be T5's, at the very top
+            top = self.num_pieces - 1
+            wrong = sorted(n for n, i in own.items() if i != top - n)
+            if wrong or sorted(own) != list(range(len(own))):
+                n = (wrong or [max(own)])[0]
+                raise ValueError(f"SentencePiece model {path} holds <extra_id_{n}> at id "
+                                 f"{own[n]}, not at {top - n} (= size - 1 - {n}) where span "
+                                 "corruption and T5/Switch checkpoints put it; use the model "
+                                 "the checkpoint was trained with, or one without extra ids")
+        self.num_sentinels = len(own) or EXTRA_IDS
+        self.vocab_size = self.num_pieces + (0 if own else EXTRA_IDS)
+
+    def sentinel(self, n: int) -> int:
+        """The id of ``<extra_id_n>``."""
+        if not 0 <= n < self.num_sentinels:
+            raise ValueError(f"<extra_id_{n}> is not in this vocabulary ({self.num_sentinels} "
+                             "sentinels)")
+        return self.vocab_size - 1 - n
 
     def encode(self, text: str) -> list[int]:
         # One string at a time: a list call starts a thread pool, ~15x slower for a pair.
@@ -43,7 +70,14 @@ class Tokenizer:
         ids = [int(i) for i in ids]
         if EOS_ID in ids:
             ids = ids[:ids.index(EOS_ID)]
-        return self._sp.decode([i for i in ids if i != PAD_ID])
+        out, run = [], []
+        for i in ids:
+            if i >= self.vocab_size - self.num_sentinels:     # <extra_id_N>, from the top
+                out += [self._sp.decode(run), f"<extra_id_{self.vocab_size - 1 - i}>"]
+                run = []
+            elif i != PAD_ID:
+                run.append(i)
+        return "".join(out) + self._sp.decode(run)
 
     def __getstate__(self):          # grain worker processes pickle transforms
         return {"proto": self.proto, "path": self.path}
@@ -89,10 +123,10 @@ def load_or_train(cfg, workdir: str | os.PathLike | None, texts) -> Tokenizer:
     path = pathlib.Path(workdir) / CACHE_NAME
     if path.is_file():
         tok = Tokenizer(path.read_bytes(), str(path))
-        if tok.vocab_size != cfg.vocab_size:
-            raise ValueError(f"cached tokenizer {path} has vocab_size {tok.vocab_size} but the "
+        if tok.num_pieces != cfg.vocab_size:
+            raise ValueError(f"cached tokenizer {path} has vocab_size {tok.num_pieces} but the "
                              f"config asks for {cfg.vocab_size}; set --config.data.vocab_size="
-                             f"{tok.vocab_size} to resume, or use a new workdir")
+                             f"{tok.num_pieces} to resume, or use a new workdir")
         return tok
     proto = train(texts(), cfg.vocab_size)
     atomic.write_bytes(path, proto)

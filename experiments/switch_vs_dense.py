@@ -1,0 +1,201 @@
+"""Does Switch learn faster than a FLOP-matched dense model? Span corruption on real English text.
+
+    python experiments/switch_vs_dense.py --out runs/svd          # ~1 h on a 2-core CPU
+    python experiments/switch_vs_dense.py --out runs/svd --report # JSON + plot from what ran
+
+The Switch paper's claim (Fedus et al. 2021, Figure 4 / Table 1): at equal FLOPs per token a
+Switch model reaches a dense model's quality in fewer steps, and more experts do better. Here,
+on this machine's English text (experiments/english_text.py: gettext messages and GNU manuals),
+every run trains with configs/c4.py's recipe scaled to a CPU (Adafactor + rsqrt, no dropout,
+aux loss 0.01, inputs 128 / targets 30, 8 sequences per step) for the same steps, from the same
+seed, on the same data order, and is evaluated every --eval-every steps on the same held-out
+documents (eval capacity factor 2.0):
+
+    dense        t5_cpu          d_model 128, 4+4 layers, ReLU FFN 512
+    switch_8     switch_cpu_8    the same with every other FFN a top-1 Switch layer (cf 1.25)
+    switch_16    switch_cpu_16
+    switch_32    switch_cpu_32
+    moe_top2_8   switch_cpu_8, top-2 at capacity factor 1.25 (more FLOPs: Table 1's MoE-Base)
+
+Writes --out/<run>/ (train.py workdirs, resumable), docs/switch_vs_dense.json (curves, the step at
+which each run first reaches dense's final eval loss, train-eval gaps, expert loads, the machine
+and commit) and docs/figures/switch_vs_dense.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import machine  # noqa: E402
+
+RUNS = {   # name: (model, extra flags)
+    "dense": ("t5_cpu", []),
+    "switch_8": ("switch_cpu_8", []),
+    "switch_16": ("switch_cpu_16", []),
+    "switch_32": ("switch_cpu_32", []),
+    "moe_top2_8": ("switch_cpu_8", ["--config.moe.top_k=2"]),
+}
+
+
+def flags(args, docs: pathlib.Path, vocab: pathlib.Path | None) -> list[str]:
+    out = ["--config.data.source=files", f"--config.data.train_files={docs}",
+           "--config.layout=data_parallel", "--config.mesh=",
+           f"--config.max_length={args.length}", f"--config.per_device_batch_size={args.batch}",
+           f"--config.warmup_steps={args.warmup}", f"--config.eval_every_steps={args.eval_every}",
+           f"--config.checkpoint_every_steps={args.eval_every * 4}",
+           f"--config.log_every_steps={args.eval_every // 5}",
+           f"--config.data.max_eval_examples={args.eval_examples}"]
+    if vocab is None:
+        out.append(f"--config.data.vocab_size={args.vocab}")
+    else:
+        out.append(f"--config.data.vocab_path={vocab}")
+    return out
+
+
+def train(args, name: str, docs: pathlib.Path, vocab: pathlib.Path | None) -> float:
+    model, extra = RUNS[name]
+    cmd = [sys.executable, str(ROOT / "train.py"),
+           f"--config={ROOT / 'configs/c4.py'}:model={model},steps={args.steps}",
+           f"--workdir={args.out / name}"] + flags(args, docs, vocab) + extra
+    print(" ".join(cmd), flush=True)
+    start = time.time()
+    subprocess.run(cmd, check=True)
+    return time.time() - start
+
+
+def rows(workdir: pathlib.Path, split: str) -> list[dict]:
+    path = workdir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    by_step = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if r["split"] == split:
+            by_step[r["step"]] = r          # a resumed run may log a step twice: keep the last
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def reach_step(curve: list[tuple[int, float]], target: float) -> float | None:
+    """The first step at which ``curve`` (step, loss) reaches ``target``, linearly interpolated
+    between evaluations; None if it never does."""
+    for (s0, l0), (s1, l1) in zip([(0, float("inf"))] + curve, curve):
+        if l1 <= target:
+            if l0 == float("inf"):
+                return float(s1)
+            return s0 + (l0 - target) / (l0 - l1) * (s1 - s0)
+    return None
+
+
+def report(args, corpus: dict, seconds: dict) -> dict:
+    runs = {}
+    for name, (model, extra) in RUNS.items():
+        evals = rows(args.out / name, "eval")
+        trains = rows(args.out / name, "train")
+        if not evals:
+            continue
+        last_train = [r for r in trains if r["step"] > args.steps - args.eval_every]
+        train_loss = (sum(r["cross_entropy"] for r in last_train) / len(last_train)
+                      if last_train else None)
+        final = evals[-1]
+        load = final.get("expert_load")
+        runs[name] = {
+            "model": model, "flags": extra,
+            "steps": [r["step"] for r in evals],
+            "eval_loss": [round(r["loss"], 4) for r in evals],
+            "eval_accuracy": [r.get("accuracy") for r in evals],
+            "final_neg_log_perplexity": round(-final["loss"], 4),
+            "final_accuracy": final.get("accuracy"),
+            "train_cross_entropy_last_interval": None if train_loss is None
+            else round(train_loss, 4),
+            "max_over_mean_expert_load": None if not load else
+            [round(max(layer) * len(layer), 3) for layer in load],
+            "dropped_fraction_eval": final.get("dropped_fraction"),
+            "seconds": seconds.get(name),
+        }
+    result = {"command": "python experiments/switch_vs_dense.py " + " ".join(
+                  f"--{k.replace('_', '-')}={v}" for k, v in sorted(vars(args).items())
+                  if k not in ("out", "report")),
+              "commit": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                                       capture_output=True, text=True).stdout.strip(),
+              "machine": machine(), "corpus": corpus, "runs": runs}
+    if "dense" in runs:
+        dense = runs["dense"]
+        target = dense["eval_loss"][-1]
+        for name, r in runs.items():
+            reached = reach_step(list(zip(r["steps"], r["eval_loss"])), target)
+            r["steps_to_dense_final_loss"] = None if reached is None else round(reached)
+            r["fraction_of_dense_steps"] = (None if reached is None
+                                            else round(reached / dense["steps"][-1], 3))
+    return result
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, r in result["runs"].items():
+        ax.plot(r["steps"], [-x for x in r["eval_loss"]], marker="o", ms=3,
+                label=f"{name} ({r['model']})", ls="--" if name == "dense" else "-")
+    if "dense" in result["runs"]:
+        ax.axhline(-result["runs"]["dense"]["eval_loss"][-1], color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("eval neg. log perplexity (nats per target token, ↑)")
+    ax.set_title("Span corruption on English text (CPU): Switch vs FLOP-matched dense")
+    lows = [-r["eval_loss"][-1] for r in result["runs"].values()]
+    ax.set_ylim(min(lows) - 0.6, max(lows) + 0.15)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=pathlib.Path, required=True)
+    p.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--eval-examples", type=int, default=1000)
+    p.add_argument("--length", type=int, default=128, help="inputs; targets follow")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=300)
+    p.add_argument("--vocab", type=int, default=4000, help="SentencePiece pieces (+100 ids)")
+    p.add_argument("--report", action="store_true", help="only collect what has run")
+    p.add_argument("--json", type=pathlib.Path, default=ROOT / "docs/switch_vs_dense.json")
+    p.add_argument("--figure", type=pathlib.Path,
+                   default=ROOT / "docs/figures/switch_vs_dense.png")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import english_text
+    docs = args.out / "docs.txt"
+    seconds_path = args.out / "seconds.json"
+    seconds = json.loads(seconds_path.read_text()) if seconds_path.is_file() else {}
+    texts, corpus = english_text.documents(pathlib.Path("/usr/share/info"))
+    if not args.report:
+        args.out.mkdir(parents=True, exist_ok=True)
+        docs.write_text("".join(t.replace("\n", " ") + "\n" for t in texts), encoding="utf-8")
+        for name in ["dense"] + [n for n in args.runs if n != "dense"]:
+            vocab = None if name == "dense" else args.out / "dense" / "tokenizer.model"
+            seconds[name] = round(seconds.get(name, 0) + train(args, name, docs, vocab), 1)
+            seconds_path.write_text(json.dumps(seconds))
+    result = report(args, corpus, seconds)
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.figure)
+    for name, r in result["runs"].items():
+        print(f"{name:12s} final neg_log_perp {r['final_neg_log_perplexity']:.4f}  reaches "
+              f"dense's final loss at step {r.get('steps_to_dense_final_loss')}  "
+              f"({r.get('fraction_of_dense_steps')} of dense's)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
