@@ -9,7 +9,7 @@ from switchzoo import data
 def get_base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.model = "switch_base_tiny"          # a catalogue name (python -m switchzoo.zoo)
-    c.task = "translation"                # "translation" / "span_corruption" (encoder-decoder), "lm"
+    c.task = "translation"                # translation, span_corruption (encoder-decoder); lm
     c.layout = "data_parallel"            # a preset in layouts/ or a layout string
     c.mesh = ""                           # empty: the preset's mesh
     c.seed = 0

@@ -70,7 +70,7 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
-    switchzoo.init(switchzoo.zoo.get("switch_base_tiny").replace(vocab_size=384)).save_pretrained(
+    switchzoo.init(switchzoo.zoo.get("switch_base_tiny").replace(vocab_size=512)).save_pretrained(
         root / "good")
     return root
 

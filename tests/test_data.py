@@ -166,7 +166,8 @@ def test_tokenizer_trained_cached_and_reused(corpus, tmp_path, monkeypatch):
     cfg = files_config(corpus)
     d = data.build(cfg, tmp_path, batch_size=B, max_length=L)
     cached = tmp_path / tokenizer_lib.CACHE_NAME
-    assert cached.is_file() and d.tokenizer.vocab_size == VOCAB
+    assert cached.is_file() and d.tokenizer.num_pieces == VOCAB
+    assert d.tokenizer.vocab_size == VOCAB + tokenizer_lib.EXTRA_IDS     # T5's 100 sentinels
     assert (d.tokenizer.pad_id, d.tokenizer.eos_id) == (0, 1)
     text = "the cat is green"
     ids = d.tokenizer.encode(text)
@@ -242,7 +243,8 @@ def test_eval_batches_finite_deterministic_unpacked(corpus, tmp_path, task):
         d.tokenizer.decode(d.tokenizer.encode(r)[:L - 1]) for r in references]
     if task == "lm":
         words = np.concatenate([b["num_words"] for b in batches])
-        assert words.tolist() == [len(r.split()) for r in references] + [0]
+        # one end-of-sentence per text counts as a word (LM1B), as the loss predicts it
+        assert words.tolist() == [len(r.split()) + 1 for r in references] + [0]
 
 
 def test_bad_inputs_fail_with_a_fix(corpus, tmp_path):

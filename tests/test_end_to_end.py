@@ -1,7 +1,7 @@
 """End to end, as a user runs it: train a tiny Switch translation model a few steps with
 checkpoints, run the same command again to resume, evaluate (BLEU and perplexity), restore under
-another layout, fine-tune from a Hugging Face directory — on local TSV files and on a tfds
-builder prepared from the same files (a real array_record build)."""
+another layout, fine-tune from a Hugging Face directory — on local TSV files (the tfds path:
+tests/test_tfds_datasets.py)."""
 import dataclasses
 import json
 import pathlib
@@ -11,7 +11,7 @@ import pytest
 import switchzoo
 from switchzoo.configs import demo
 from switchzoo import evaluate, loop
-from switchzoo.data import embedded, tfds_local
+from switchzoo.data import embedded
 
 
 @pytest.fixture(scope="module")
@@ -63,21 +63,10 @@ def test_train_resume_evaluate_and_restore_under_another_layout(files, tmp_path)
     assert abs(again["loss"] - results["loss"]) < 1e-4
 
 
-def test_a_tfds_builder_prepared_from_local_files_trains_and_evaluates(files, tmp_path):
-    name = tfds_local.prepare("translation", str(files[0]), str(files[1]), str(tmp_path / "tfds"))
-    c = tiny_config(files, 3)
-    c.data.source, c.data.tfds_name, c.data.tfds_data_dir = "tfds", name, str(tmp_path / "tfds")
-    c.data.train_files = c.data.eval_files = ""
-    c.data.eval_split = "validation"
-    loop.train(c, tmp_path / "run", print_fn=lambda *_: None)
-    results = evaluate.run(c, tmp_path / "run", print_fn=lambda *_: None)
-    assert results["step"] == 3 and results["bleu"] is not None
-
-
 def test_fine_tuning_honours_moe_flags_and_the_run_evaluates(files, tmp_path):
     c = tiny_config(files, 3)
     hf_dir = tmp_path / "hf"
-    base = switchzoo.zoo.get("switch_base_tiny").replace(vocab_size=384)
+    base = switchzoo.zoo.get("switch_base_tiny").replace(vocab_size=512)
     switchzoo.init(base.replace(moe=dataclasses.replace(base.moe, expert_capacity=4)),
                    seed=5).save_pretrained(hf_dir)
     c.init_from = str(hf_dir)
@@ -107,7 +96,7 @@ def test_fine_tuning_honours_moe_flags_and_the_run_evaluates(files, tmp_path):
 
 def test_moe_flags_that_a_dense_checkpoint_cannot_take_are_refused(files, tmp_path):
     c = tiny_config(files, 3)
-    dense = switchzoo.zoo.get("t5_tiny").replace(vocab_size=384, activation="relu")
+    dense = switchzoo.zoo.get("t5_tiny").replace(vocab_size=512, activation="relu")
     switchzoo.init(dense).save_pretrained(tmp_path / "t5")     # the HF format holds ReLU only
     c.init_from, c.data.vocab_size, c.moe.top_k = str(tmp_path / "t5"), 300, 2
     with pytest.raises(ValueError, match=r"--config.moe.top_k set for the dense checkpoint's "

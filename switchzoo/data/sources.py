@@ -7,6 +7,7 @@ short evaluation list.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 from typing import Sequence
 
@@ -110,12 +111,16 @@ def _tfds(cfg, task: str) -> Corpus:
            f"'DIR', file_format='array_record').download_and_prepare()\" with internet, or a "
            "manual_dir) and set --config.data.tfds_data_dir=DIR, or train on local files with "
            "--config.data.source=files --config.data.train_files=...")
-    try:
-        builder = tfds.builder(name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError:
-        raise ValueError(fix) from None
-    if not builder.is_prepared():
-        raise ValueError(fix)
+    prepared = prepared_dir(name, data_dir)
+    if prepared is not None:     # read the files as written: no builder code (c4 and wmt14's
+        builder = tfds.builder_from_directory(str(prepared))     # import TensorFlow)
+    else:
+        try:
+            builder = tfds.builder(name, data_dir=data_dir)
+        except (tfds.core.registered.DatasetNotFoundError, ImportError):
+            raise ValueError(fix) from None
+        if not builder.is_prepared():
+            raise ValueError(fix)
     features = set(builder.info.features.keys())
     if reads_texts(task):
         keys = ("text",) if "text" in features else tuple(sorted(features))[:1]
@@ -144,6 +149,22 @@ def _tfds(cfg, task: str) -> Corpus:
     cap = len(held) if cfg.max_eval_examples <= 0 else min(len(held), cfg.max_eval_examples)
     return Corpus(splits[cfg.train_split], [held[i] for i in range(cap)],
                   f"tfds {name} ({cfg.train_split}; evaluation: {eval_split})", eval_split)
+
+
+def prepared_dir(name: str, data_dir: str | None) -> pathlib.Path | None:
+    """DATA_DIR/NAME/VERSION of a prepared tfds dataset (``name`` as "c4/en" or "c4/en:3.1.0";
+    the newest version without one), or None."""
+    root = pathlib.Path(data_dir or os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets"))
+    name, _, version = name.partition(":")
+    base = root.expanduser() / name
+    if version:
+        candidates = [base / version]
+    else:
+        candidates = sorted((p for p in base.glob("*.*.*") if p.is_dir()),
+                            key=lambda p: tuple(int(x) if x.isdigit() else -1
+                                                for x in p.name.split(".")))
+    ready = [p for p in candidates if (p / "dataset_info.json").is_file()]
+    return ready[-1] if ready else None
 
 
 def default_tfds_name(pair: str, task: str) -> str:
