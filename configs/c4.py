@@ -22,6 +22,7 @@ from switchzoo.configs import base
 
 CORES = 32               # the paper's TPUv3 slice for Table 1
 SEQUENCES = 256          # per step (t5x's pre-training batch; 131k input tokens)
+VARIANTS = {"steps": "num_train_steps", "cf": "moe.train_capacity_factor", "top_k": "moe.top_k"}
 
 
 def get_config(arg: str | None = None):
@@ -43,6 +44,5 @@ def get_config(arg: str | None = None):
     c.data.vocab_size = 32000                   # + 100 sentinels = T5's cc_all.32000.100extra
     c.data.noise_density = 0.15
     c.data.mean_noise_span_length = 3.0
-    base.apply_variant(c, arg, {"steps": "num_train_steps", "cf": "moe.train_capacity_factor",
-                                "top_k": "moe.top_k"})
+    base.apply_variant(c, arg, VARIANTS)
     return c

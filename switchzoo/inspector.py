@@ -135,7 +135,8 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         report["batch"], report["length"] = batch_size, length
         if cfg.moe is not None:
             report["group_size"] = cfg.moe.group_size
-            report["routing_groups"] = moe_lib.num_groups(batch_size, length, cfg.moe.group_size)
+            report["routing_groups"] = moe_lib.num_groups(batch_size, length, cfg.moe.group_size,
+                                                          lay.parts("groups"))
         # compile_seconds: tracing, lowering and compiling (lower_seconds: the first two).
         report["compile_seconds"] = round(time.perf_counter() - start, 2)
         report["lower_seconds"] = round(lowered_at - start, 2)

@@ -11,21 +11,30 @@ from flax import nnx
 from switchzoo import dropless
 from switchzoo.config import MoeConfig
 from switchzoo.layers import dropout, ffn_params, ffn_weights, mlp, split
-from switchzoo.layout import LayoutError, active, constrain
+from switchzoo.layout import active, constrain
 from switchzoo.routing import Router, choose, route
 
 
-def num_groups(batch: int, length: int, group_size: int) -> int:
-    """Groups of ``group_size`` tokens (0: each sequence is a group); a batch smaller than one
-    group is a single group."""
+def num_groups(batch: int, length: int, group_size: int, shards: int = 1) -> int:
+    """Groups of at most ``group_size`` tokens (0: each sequence is a group), as flaxformer's
+    max_group_size: the fewest that split the batch's tokens evenly and that the layout can
+    split evenly over its ``shards`` of the groups dimension (so each device routes its own
+    tokens and dispatch is an all-to-all); where no such count exists, the fewest even split.
+    Span corruption's 114-token targets rarely give a power of two. On a mesh whose shards
+    exceed the groups one device would form (a batch smaller than shards x group_size), the
+    groups are smaller than on one device, so routing there matches one device's only when
+    its group count is already a multiple of the shards."""
     if group_size == 0:
         return batch
     num_tokens = batch * length
-    size = min(group_size, num_tokens)
-    if num_tokens % size:
-        raise LayoutError(f"MoE routing: {num_tokens} tokens per batch do not split into groups of "
-                          f"{size}; make batch*length a multiple of moe.group_size")
-    return num_tokens // size
+    least = -(-num_tokens // group_size)
+    first = None
+    for g in range(least, num_tokens + 1):
+        if num_tokens % g == 0:
+            if g % shards == 0:
+                return g
+            first = first or g
+    return first
 
 
 class SwitchFFN(nnx.Module):
@@ -48,7 +57,8 @@ class SwitchFFN(nnx.Module):
         cfg, dt = self.cfg, x_BLD.dtype
         train = rng is not None
         B, L, D = x_BLD.shape
-        G = num_groups(B, L, cfg.group_size)
+        layout = active()
+        G = num_groups(B, L, cfg.group_size, layout.parts("groups") if layout else 1)
         N = B * L // G
         # An expert gets at most N of a group's assignments (a token's picks are distinct).
         C = min(cfg.capacity(N, train), N)

@@ -10,6 +10,7 @@ from flax import nnx
 from switchzoo import layout as L
 from switchzoo.config import MoeConfig
 from switchzoo.inspector import count_collectives
+from switchzoo import moe
 from switchzoo.moe import SwitchFFN
 from switchzoo.routing import route
 
@@ -130,10 +131,18 @@ def test_router_runs_in_float32_for_bfloat16_activations():
     assert y.dtype == jnp.bfloat16 and stats["aux_loss"].dtype == jnp.float32
 
 
-def test_indivisible_groups_are_a_clear_error():
+def test_groups_are_the_fewest_of_at_most_group_size_that_split_evenly():
+    assert moe.num_groups(4, 8, 16) == 2 and moe.num_groups(3, 8, 16) == 2     # 24 -> 2 x 12
+    assert moe.num_groups(256, 114, 8192) == 4          # span corruption: 29,184 -> 4 x 7,296
+    assert moe.num_groups(2, 5, 64) == 1 and moe.num_groups(7, 5, 0) == 7
+    assert moe.num_groups(1, 13, 4) == 13               # a prime count: one token per group
+    # over a layout's 32 shards of the groups (the paper's 32 cores): a multiple of 32
+    assert moe.num_groups(256, 114, 8192, shards=32) == 32          # 912 tokens per device
+    assert moe.num_groups(256, 512, 8192, shards=32) == 32
+    assert moe.num_groups(4, 8, 64, shards=8) == 8 and moe.num_groups(3, 5, 4, shards=2) == 5
     ffn = make(group_size=16)
-    with pytest.raises(ValueError, match=r"24 tokens per batch do not split into groups of 16"):
-        ffn(jnp.ones((3, 8, D)))
+    y, _ = ffn(jnp.ones((3, 8, D)))                     # 24 tokens route as 2 groups of 12
+    assert y.shape == (3, 8, D)
 
 
 @pytest.mark.parametrize("preset, mesh, all_to_all", [

@@ -167,10 +167,11 @@ def test_collect_puts_published_and_ours_in_the_right_rows(tmp_path):
 
 
 def test_check_ordering_on_the_mini_table(tmp_path):
-    dense = _run(tmp_path, "dense", "t5_tiny", 200, _results(200, 2.5))
-    sw = [_run(tmp_path, f"sw{cf}", "switch_base_tiny", 200, _results(200, loss), top_k=1,
+    # neg_log_perplexity = -loss: higher is better
+    dense = _run(tmp_path, "dense", "t5_cpu", 200, _results(200, 2.5))
+    sw = [_run(tmp_path, f"sw{cf}", "switch_cpu_8", 200, _results(200, loss), top_k=1,
                train_capacity_factor=cf) for cf, loss in ((1.0, 2.3), (1.25, 2.2), (2.0, 2.6))]
-    top2 = _run(tmp_path, "top2", "switch_base_tiny", 200, _results(200, 2.4), top_k=2,
+    top2 = _run(tmp_path, "top2", "switch_cpu_8", 200, _results(200, 2.4), top_k=2,
                 train_capacity_factor=1.0)
     checks = {c["claim"]: c for c in tables.check_ordering("switch_table1_mini",
                                                             [dense, top2] + sw)}
@@ -179,6 +180,8 @@ def test_check_ordering_on_the_mini_table(tmp_path):
     assert checks["Switch (top-1) beats top-2 MoE at capacity 1.0"]["holds"] is True
     untested = tables.check_ordering("switch_table1_mini", [dense])
     assert [c["holds"] for c in untested] == [None, None]
+    text = tables.collect("switch_table1_mini", [dense] + sw)
+    assert "| -1.731 |" in text and "| -1.561 |" in text        # the paper's rows beside ours
 
 
 def test_every_shipped_table_loads():
@@ -194,7 +197,7 @@ def test_every_shipped_table_loads():
             assert row["match"] is None or row["match"].get("model") in models, (name, row)
         if name.endswith("_mini"):
             assert table.get("orderings"), name
-            assert all(v is None or k in ("capacity_factor", "top_k")
+            assert all(v is None or k in ("capacity_factor", "top_k", "paper_neg_log_perplexity")
                        for row in table["rows"] for k, v in row["published"].items())
         assert tables.collect(name, []).startswith(f"## {table['title']}")
 
@@ -223,3 +226,17 @@ def test_table_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         tables.collect("switch_table1", [str(tmp_path / "nope")])
     assert tables.main(["--table=nope"]) == 2
+
+
+def test_mtf_tables_print_every_published_cell():
+    """Mesh-TF Tables 2 and 3 as the paper prints them (EN-DE and EN-FR): no None left."""
+    t2, t3 = tables.get("mtf_table2_lm1b"), tables.get("mtf_table3_wmt")
+    for table in (t2, t3):
+        assert all(v is not None for row in table["rows"] for v in row["published"].values())
+    lm = {r["label"]: r["published"] for r in t2["rows"]}
+    assert (lm["mtf_lm1b_h4"]["word_perplexity"], lm["mtf_lm1b_h256"]["wiki_subword_perplexity"]
+            ) == (35.0, 6.01)
+    mt = {r["label"]: r["published"] for r in t3["rows"]}
+    assert (mt["mtf_wmt_h32"]["bleu_en_de"], mt["mtf_wmt_h128"]["bleu_en_fr"]) == (27.5, 43.9)
+    text = tables.collect("mtf_table3_wmt", [])
+    assert "25.5" in text and "41.8" in text and "None" not in text

@@ -48,6 +48,7 @@ def test_loss_falls_and_metrics_are_written(tmp_path):
      "data.source=embedded"),
     ("--config.moe.jitter=2", "--config.moe.jitter=2.0 is out of range: it must be >= 0 and < 1"),
     ("--config=configs/nope.py", "No such file or directory: 'configs/nope.py'"),
+    ("--devices=32", "--devices is read only with --dry_run"),
 ])
 def test_train_py_rejects_bad_flags_in_one_line(tmp_path, flag, message):
     out = subprocess.run([sys.executable, "train.py", "--config=configs/demo.py", flag,
@@ -58,13 +59,14 @@ def test_train_py_rejects_bad_flags_in_one_line(tmp_path, flag, message):
     assert not any(tmp_path.iterdir()), "a failed start must not write into the workdir"
 
 
-@pytest.mark.parametrize("name", ["demo", "wmt", "lm1b", "mini"])
+@pytest.mark.parametrize("name", ["demo", "wmt", "lm1b", "mini", "c4", "c4_cpu"])
 def test_every_run_config_loads_opens_with_its_command_and_refuses_unknown_variants(name):
     import importlib
     module = importlib.import_module(f"switchzoo.configs.{name}")
     assert module.__doc__.lstrip().startswith("python train.py --config=configs/" + name)
     config = module.get_config("steps=7")
-    assert config.num_train_steps == 7 and config.model and config.task in ("translation", "lm")
+    assert config.num_train_steps == 7 and config.model
+    assert config.task in ("translation", "lm", "span_corruption")
     with pytest.raises(ValueError, match="not key=value with a known key"):
         module.get_config("stpes=7")
 
@@ -103,3 +105,27 @@ def test_tokens_per_second_covers_only_the_steps_it_reports():
     meter.add(60.0)
     now[0] = 41.0
     assert meter.rate() == 60.0
+
+
+def test_dry_run_compiles_the_configs_real_step_for_its_mesh():
+    """train.py --dry_run: the run config's step (span corruption's short targets, packing
+    fields) compiled for its mesh from abstract state; nothing written."""
+    from switchzoo import dry_run
+    from switchzoo.configs import c4, c4_cpu
+    config = c4_cpu.get_config("model=switch_base_tiny,cf=1.0")
+    config.layout, config.mesh = "dp_ep", "data:2,model:1,expert:4"
+    config.per_device_batch_size, config.max_length = 1, 32
+    assert dry_run.devices_needed(config, None) == 8
+    lines = []
+    report = dry_run.run(config, print_fn=lines.append)
+    assert report["devices"] == 8 and report["batch"] == {"inputs": [8, 32], "targets": [8, 8]}
+    assert report["collectives"]["all-to-all"] > 0 and report["memory"]["peak_estimate_bytes"] > 0
+    assert lines[0].startswith("dry run: switch_base_tiny") and "compiled in" in lines[1]
+    paper = c4.get_config()
+    assert dry_run.devices_needed(paper, None) == 32                      # the paper's cores
+    assert dry_run.batch_shapes(paper, 256)["targets"].shape == (256, 114)
+    paper.mesh = "data:-1,expert:8"
+    with pytest.raises(ValueError, match=r"leaves an axis open \(-1\): give --devices N"):
+        dry_run.devices_needed(paper, None)
+    with pytest.raises(ValueError, match="--devices 16 but mesh 'data:4,model:1,expert:8' has 32"):
+        dry_run.devices_needed(c4.get_config(), 16)

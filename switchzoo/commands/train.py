@@ -2,19 +2,27 @@
 
     python train.py --config=configs/demo.py --workdir=DIR [--config.num_train_steps=...]
     switchzoo-train --config=configs/demo.py --workdir=DIR      # an installed package
+    python train.py --config=configs/c4.py --dry_run   # compile for the config's mesh, no run
 
 ``--config=configs/NAME.py`` is the file in this directory when there is one, else the copy
 installed with the package (switchzoo.configs).
 """
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from switchzoo import cli, loop
+from switchzoo import cli, dry_run, loop
 
 config_flags.DEFINE_config_file("config", cli.config_path("configs/demo.py"),
                                 "Run config (file.py[:variant]).")
-flags.DEFINE_string("workdir", None, "Checkpoints, metrics, tokenizer and config.json go here.",
-                    required=True)
+flags.DEFINE_string("workdir", None, "Checkpoints, metrics, tokenizer and config.json go here "
+                    "(required unless --dry_run).")
+flags.DEFINE_bool("dry_run", False, "Compile the train step for the config's mesh on simulated "
+                  "CPU devices (abstract state: nothing allocated or written) and report "
+                  "per-device memory, collectives and compile time.")
+flags.DEFINE_integer("devices", None, "--dry_run: the device count where the mesh leaves an "
+                     "axis open (-1).")
 flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 cli.define_distributed_flags()
 
@@ -22,8 +30,27 @@ cli.define_distributed_flags()
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)   # JAX's backend probing is noise here
-    cli.run(lambda: (cli.initialize_distributed(),
-                     loop.train(flags.FLAGS.config, flags.FLAGS.workdir)))
+    f = flags.FLAGS
+    if f.dry_run:
+        cli.run(lambda: _dry_run(f))
+    elif f.devices is not None:
+        cli.bad_flag("--devices is read only with --dry_run; drop it (a run uses the devices "
+                     "JAX has)")
+    elif not f.workdir:
+        cli.bad_flag("--workdir is required: the directory for checkpoints, metrics and "
+                     "config.json (or --dry_run to only compile)")
+    else:
+        cli.run(lambda: (cli.initialize_distributed(), loop.train(f.config, f.workdir)))
+
+
+def _dry_run(f) -> None:
+    if f.workdir:
+        raise ValueError("--dry_run writes nothing: drop --workdir")
+    code = dry_run.ensure_devices(dry_run.devices_needed(f.config, f.devices), sys.argv)
+    if code is None:
+        dry_run.run(f.config)
+    elif code:
+        sys.exit(code)
 
 
 def run():

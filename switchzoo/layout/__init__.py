@@ -186,6 +186,10 @@ class Layout:
             return self.rules[dim]
         return self.rules.get(dims_lib.ALIASES.get(dim, ""), ())
 
+    def parts(self, dim: str) -> int:
+        """How many shards the layout splits dimension ``dim`` into (1: replicated)."""
+        return math.prod(self.mesh.shape[a] for a in self._axes(dim))
+
     def spec(self, dims, shape=None, name: str = "tensor", strict: bool = True) -> P:
         """The PartitionSpec of a tensor with these logical dims (see module doc for strict)."""
         dims = dims_lib.check(tuple(dims), name)

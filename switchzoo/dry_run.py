@@ -1,0 +1,129 @@
+"""``train.py --dry_run``: compile a run config's real train step for its mesh, on simulated CPU
+devices, from abstract state (nothing allocated, nothing written), and report per-device
+memory, collectives and compile time — a pod-sized config checked on one host before booking
+the pod.
+
+    python train.py --config=configs/c4.py:model=switch_base_128 --dry_run   # the paper's 32 cores
+
+The batch is the run's: global batch x max_length inputs and, for span corruption, targets of
+span_corruption.lengths (114 for 512), with the packing fields the pipeline feeds. The
+vocabulary is data.vocab_size plus the 100 sentinel ids (the catalogue rounds it to 128s), or
+the vocab_path model's. Numbers are XLA:CPU's for the per-device program (see
+switchzoo/inspector.py); float32 or bfloat16 activations as the config says.
+"""
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+
+from switchzoo import inspector, layout as layout_lib, validate
+from switchzoo import state as state_lib
+from switchzoo.data import span_corruption, tokenizer as tokenizer_lib
+
+RERUN = "_SWITCHZOO_DRY_RUN_DEVICES"
+
+
+def devices_needed(config, devices: int | None) -> int:
+    """The device count of the config's mesh (``devices`` where the mesh leaves one open)."""
+    mesh = config.mesh
+    if not mesh:
+        preset = layout_lib.presets().get(config.layout)
+        if preset is None:
+            raise ValueError("--dry_run with a literal layout string needs --config.mesh "
+                             "(e.g. data:4,model:1,expert:8)")
+        mesh = preset.mesh
+    sizes = [int(s) for s in re.findall(r":(-?\d+)", mesh)]
+    if -1 in sizes:
+        if devices is None:
+            raise ValueError(f"mesh '{mesh}' leaves an axis open (-1): give --devices N, or a "
+                             "mesh with every size (--config.mesh=data:4,model:1,expert:8)")
+        return devices
+    n = math.prod(sizes)
+    if devices is not None and devices != n:
+        raise ValueError(f"--devices {devices} but mesh '{mesh}' has {n} devices; drop "
+                         "--devices or change --config.mesh")
+    return n
+
+
+def ensure_devices(n: int, argv: list[str]) -> int | None:
+    """None when this process has ``n`` devices; else the exit code of a fresh process that
+    runs ``argv`` on ``n`` simulated CPU devices."""
+    if inspector._use_cpu_devices(n):
+        return None
+    if os.environ.get(RERUN) == str(n):
+        raise ValueError(f"--dry_run: JAX did not start with {n} devices "
+                         f"(it has {jax.device_count()})")
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
+                   os.environ.get("XLA_FLAGS", ""))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **{RERUN: str(n)},
+               XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip())
+    sys.stdout.flush()
+    return subprocess.run([sys.executable, *argv], env=env).returncode
+
+
+def vocab_size(config) -> int:
+    if config.data.vocab_path:
+        path = pathlib.Path(config.data.vocab_path).expanduser()
+        return tokenizer_lib.Tokenizer(path.read_bytes(), str(path)).vocab_size
+    return config.data.vocab_size + tokenizer_lib.EXTRA_IDS
+
+
+def batch_shapes(config, batch: int) -> dict:
+    L = config.max_length
+    i32, f32 = np.int32, np.float32
+    if config.task == "lm":
+        fields = {"inputs": (L, i32), "targets": (L, i32), "segments": (L, i32),
+                  "positions": (L, i32), "weights": (L, f32)}
+    else:
+        T = (span_corruption.lengths(L, config.data.noise_density,
+                                     config.data.mean_noise_span_length)[1]
+             if config.task == "span_corruption" else L)
+        fields = {"inputs": (L, i32), "targets": (T, i32), "inputs_segments": (L, i32),
+                  "inputs_positions": (L, i32), "targets_segments": (T, i32),
+                  "targets_positions": (T, i32), "weights": (T, f32)}
+    return {k: jax.ShapeDtypeStruct((batch, n), dt) for k, (n, dt) in fields.items()}
+
+
+def run(config, print_fn=print) -> dict:
+    """Compiles the config's train step on this process's devices; returns the report."""
+    from switchzoo import steps
+    validate.check(config)
+    layout = state_lib.run_layout(config)
+    state_lib.check_accumulation(config)
+    cfg = state_lib.run_model_config(config, vocab_size(config))
+    setup = state_lib.setup_run(config, layout, cfg)
+    batch = batch_shapes(config, state_lib.global_batch_size(config))
+    step = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps)
+    start = time.perf_counter()
+    lowered = step.lower(setup.abstract, batch)
+    compiled = lowered.compile(inspector._cpu_inspect_options()
+                               if jax.default_backend() == "cpu" else None)
+    seconds = time.perf_counter() - start
+    memory = inspector.memory_stats(compiled)
+    params = sum(x.size for x in jax.tree.leaves(setup.abstract.params))
+    report = {"model": config.model, "task": config.task, "devices": int(layout.mesh.size),
+              "mesh": {k: int(v) for k, v in layout.mesh.shape.items()}, "layout": layout.text,
+              "batch": {k: list(v.shape) for k, v in batch.items()
+                        if k in ("inputs", "targets")},
+              "dtype": config.dtype, "optimizer": config.optimizer, "params": int(params),
+              "compile_seconds": round(seconds, 1), "memory": memory,
+              "collectives": inspector.count_collectives(compiled.as_text())}
+    gib = 2 ** 30
+    peak = memory.get("peak_estimate_bytes")
+    print_fn(f"dry run: {config.model} ({params:,} parameters), task {config.task}, mesh "
+             f"{report['mesh']}, layout {layout.text}, batch inputs {report['batch']['inputs']} "
+             f"targets {report['batch']['targets']}, {config.dtype}, {config.optimizer}")
+    print_fn(f"compiled in {seconds:.1f} s; per device: arguments "
+             f"{memory.get('argument_bytes', 0) / gib:.2f} GiB, temporaries "
+             f"{memory.get('temp_bytes', 0) / gib:.2f} GiB"
+             + (f", peak estimate {peak / gib:.2f} GiB" if peak is not None else "")
+             + f"; collectives {report['collectives']}")
+    return report
