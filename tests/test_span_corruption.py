@@ -132,6 +132,12 @@ def test_vocabulary_reserves_t5_sentinels_at_the_top(texts, tmp_path):
         bos_id=-1, user_defined_symbols=["<extra_id_0>", "<extra_id_1>"], minloglevel=2)
     with pytest.raises(ValueError, match=r"<extra_id_0> at id 3, not at 299"):
         tokenizer_lib.Tokenizer(model.read_bytes(), str(model))
+    # too few sentinels for the chunks' spans: refused naming the fix
+    few = tokenizer_lib.Tokenizer(tok.proto)
+    few.num_sentinels = 3
+    with pytest.raises(ValueError, match=r"makes up to 11 spans but .* has 3 sentinel ids .* "
+                                         r"100 extra ids"):
+        pipeline.SpanFeaturizer(few, 200, 0.15, 3.0)
 
 
 def test_packed_rows_rebuild_the_documents(texts, tmp_path):

@@ -60,6 +60,13 @@ class SpanFeaturizer:
         self.tokenizer, self.density, self.span = tokenizer, noise_density, mean_noise_span_length
         self.raw, self.target_length = span_corruption.lengths(
             inputs_length, noise_density, mean_noise_span_length)
+        spans = span_corruption.max_spans(self.raw, noise_density, mean_noise_span_length)
+        if spans > tokenizer.num_sentinels:
+            raise ValueError(
+                f"span corruption of {self.raw}-token chunks makes up to {spans} spans but the "
+                f"vocabulary {tokenizer.path or ''} has {tokenizer.num_sentinels} sentinel ids "
+                "(<extra_id_N>); use one with 100 extra ids (--config.data.vocab_path='' trains "
+                "one) or a shorter --config.max_length")
         self.skipped = 0
 
     def __call__(self, text: str, rng: np.random.Generator) -> list[dict]:

@@ -69,6 +69,11 @@ def corrupt(ids, *, vocab_size: int, noise_density: float = 0.15,
     return (_sentinel_spans(ids, mask, vocab_size), _sentinel_spans(ids, ~mask, vocab_size))
 
 
+def max_spans(n: int, noise_density: float = 0.15, mean_noise_span_length: float = 3.0) -> int:
+    """The noise spans (so sentinels) a sequence of ``n`` tokens gets."""
+    return _counts(max(n, 2), noise_density, mean_noise_span_length)[1]
+
+
 def lengths(inputs_length: int, noise_density: float = 0.15,
             mean_noise_span_length: float = 3.0) -> tuple[int, int]:
     """(raw tokens, targets length): the longest raw length whose corrupted inputs plus EOS fit
