@@ -61,10 +61,7 @@ def ensure_devices(n: int, argv: list[str]) -> int | None:
     if os.environ.get(RERUN) == str(n):
         raise ValueError(f"--dry_run: JAX did not start with {n} devices "
                          f"(it has {jax.device_count()})")
-    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
-                   os.environ.get("XLA_FLAGS", ""))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", **{RERUN: str(n)},
-               XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip())
+    env = inspector.simulated_devices_env(n, **{RERUN: str(n)})
     sys.stdout.flush()
     return subprocess.run([sys.executable, *argv], env=env).returncode
 

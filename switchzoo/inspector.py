@@ -303,12 +303,17 @@ def _rerun_with_devices(argv: list[str], n: int) -> int:
         print(f"error: --devices {n}: JAX did not start with {n} devices "
               f"(it has {jax.device_count()})", file=sys.stderr)
         return 2
-    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
-                   os.environ.get("XLA_FLAGS", ""))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", _SWITCHZOO_DEVICES_RERUN=str(n),
-               XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip())
+    env = simulated_devices_env(n, _SWITCHZOO_DEVICES_RERUN=str(n))
     sys.stdout.flush()
     return subprocess.run([sys.executable, "-m", "switchzoo.layout", *argv], env=env).returncode
+
+
+def simulated_devices_env(n: int, **extra) -> dict:
+    """This process's environment for a child that starts JAX on ``n`` simulated CPU devices."""
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
+                   os.environ.get("XLA_FLAGS", ""))
+    return dict(os.environ, JAX_PLATFORMS="cpu", **extra,
+                XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip())
 
 
 def _preset_mesh(layout: str) -> str:
