@@ -35,13 +35,19 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import machine  # noqa: E402
 
-RUNS = {   # name: (model, extra flags)
-    "dense": ("t5_cpu", []),
-    "switch_8": ("switch_cpu_8", []),
-    "switch_16": ("switch_cpu_16", []),
-    "switch_32": ("switch_cpu_32", []),
-    "moe_top2_8": ("switch_cpu_8", ["--config.moe.top_k=2"]),
+ADAMW = ["--config.optimizer=adamw", "--config.learning_rate=0.003"]
+RUNS = {   # name: (model, extra flags, the dense run it is compared with)
+    "dense": ("t5_cpu", [], "dense"),
+    "switch_8": ("switch_cpu_8", [], "dense"),
+    "switch_16": ("switch_cpu_16", [], "dense"),
+    "switch_32": ("switch_cpu_32", [], "dense"),
+    "moe_top2_8": ("switch_cpu_8", ["--config.moe.top_k=2"], "dense"),
+    # diagnosis: the same pair under AdamW, whose update does not scale with the parameter's
+    # size as Adafactor's does (the router starts small)
+    "dense_adamw": ("t5_cpu", ADAMW, "dense_adamw"),
+    "switch_8_adamw": ("switch_cpu_8", ADAMW, "dense_adamw"),
 }
+MAIN = ["dense", "switch_8", "switch_16", "switch_32", "moe_top2_8"]
 
 
 def flags(args, docs: pathlib.Path, vocab: pathlib.Path | None) -> list[str]:
@@ -60,7 +66,7 @@ def flags(args, docs: pathlib.Path, vocab: pathlib.Path | None) -> list[str]:
 
 
 def train(args, name: str, docs: pathlib.Path, vocab: pathlib.Path | None) -> float:
-    model, extra = RUNS[name]
+    model, extra, _ = RUNS[name]
     cmd = [sys.executable, str(ROOT / "train.py"),
            f"--config={ROOT / 'configs/c4.py'}:model={model},steps={args.steps}",
            f"--workdir={args.out / name}"] + flags(args, docs, vocab) + extra
@@ -95,7 +101,7 @@ def reach_step(curve: list[tuple[int, float]], target: float) -> float | None:
 
 def report(args, corpus: dict, seconds: dict) -> dict:
     runs = {}
-    for name, (model, extra) in RUNS.items():
+    for name, (model, extra, baseline) in RUNS.items():
         evals = rows(args.out / name, "eval")
         trains = rows(args.out / name, "train")
         if not evals:
@@ -106,7 +112,7 @@ def report(args, corpus: dict, seconds: dict) -> dict:
         final = evals[-1]
         load = final.get("expert_load")
         runs[name] = {
-            "model": model, "flags": extra,
+            "model": model, "flags": extra, "compared_with": baseline,
             "steps": [r["step"] for r in evals],
             "eval_loss": [round(r["loss"], 4) for r in evals],
             "eval_accuracy": [r.get("accuracy") for r in evals],
@@ -125,14 +131,15 @@ def report(args, corpus: dict, seconds: dict) -> dict:
               "commit": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
                                        capture_output=True, text=True).stdout.strip(),
               "machine": machine(), "corpus": corpus, "runs": runs}
-    if "dense" in runs:
-        dense = runs["dense"]
-        target = dense["eval_loss"][-1]
-        for name, r in runs.items():
-            reached = reach_step(list(zip(r["steps"], r["eval_loss"])), target)
-            r["steps_to_dense_final_loss"] = None if reached is None else round(reached)
-            r["fraction_of_dense_steps"] = (None if reached is None
-                                            else round(reached / dense["steps"][-1], 3))
+    for name, r in runs.items():
+        dense = runs.get(r["compared_with"])
+        if dense is None:
+            continue
+        reached = reach_step(list(zip(r["steps"], r["eval_loss"])), dense["eval_loss"][-1])
+        r["steps_to_dense_final_loss"] = None if reached is None else round(reached)
+        r["fraction_of_dense_steps"] = (None if reached is None
+                                        else round(reached / dense["steps"][-1], 3))
+        r["eval_loss_minus_dense"] = round(r["eval_loss"][-1] - dense["eval_loss"][-1], 4)
     return result
 
 
@@ -140,19 +147,26 @@ def plot(result: dict, path: pathlib.Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, r in result["runs"].items():
-        ax.plot(r["steps"], [-x for x in r["eval_loss"]], marker="o", ms=3,
-                label=f"{name} ({r['model']})", ls="--" if name == "dense" else "-")
-    if "dense" in result["runs"]:
-        ax.axhline(-result["runs"]["dense"]["eval_loss"][-1], color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("eval neg. log perplexity (nats per target token, ↑)")
-    ax.set_title("Span corruption on English text (CPU): Switch vs FLOP-matched dense")
-    lows = [-r["eval_loss"][-1] for r in result["runs"].values()]
-    ax.set_ylim(min(lows) - 0.6, max(lows) + 0.15)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    groups = [("Adafactor (the paper's recipe)", [n for n in MAIN if n in result["runs"]]),
+              ("AdamW (diagnosis)", [n for n in ("dense_adamw", "switch_8_adamw")
+                                     if n in result["runs"]])]
+    groups = [g for g in groups if g[1]]
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), squeeze=False)
+    for ax, (title, names) in zip(axes[0], groups):
+        for name in names:
+            r = result["runs"][name]
+            ax.plot(r["steps"], [-x for x in r["eval_loss"]], marker="o", ms=3,
+                    label=f"{name} ({r['model']})", ls="--" if "dense" in name else "-")
+        base = result["runs"].get(result["runs"][names[0]]["compared_with"])
+        if base:
+            ax.axhline(-base["eval_loss"][-1], color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("eval neg. log perplexity (nats per target token, ↑)")
+        ax.set_title(f"Span corruption, English text, CPU: {title}", fontsize=10)
+        lows = [-result["runs"][n]["eval_loss"][-1] for n in names]
+        ax.set_ylim(min(lows) - 0.6, max(lows) + 0.1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -161,7 +175,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=pathlib.Path, required=True)
-    p.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    p.add_argument("--runs", nargs="+", default=MAIN, choices=list(RUNS))
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--eval-examples", type=int, default=1000)
@@ -184,6 +198,7 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         docs.write_text("".join(t.replace("\n", " ") + "\n" for t in texts), encoding="utf-8")
         for name in ["dense"] + [n for n in args.runs if n != "dense"]:
+            # one vocabulary for every run: the first run trains it
             vocab = None if name == "dense" else args.out / "dense" / "tokenizer.model"
             seconds[name] = round(seconds.get(name, 0) + train(args, name, docs, vocab), 1)
             seconds_path.write_text(json.dumps(seconds))

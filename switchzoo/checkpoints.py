@@ -10,6 +10,7 @@ import pathlib
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 
 from switchzoo.state import TrainState
 
@@ -18,9 +19,20 @@ from switchzoo.state import TrainState
 # under a few MiB that only costs compile time (80 programs, ~2 s, on the first save of a tiny
 # model on 8 devices) and saves no writing time, so only larger arrays are split.
 MIN_SLICE_BYTES = 4 << 20
-ocp.type_handlers.register_type_handler(
-    jax.Array, ocp.type_handlers.ArrayHandler(
-        min_slice_bytes_for_replica_parallel=MIN_SLICE_BYTES), override=True)
+
+
+def _register_array_handler() -> None:
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)     # not the "overriding jax.Array" warning
+    try:
+        ocp.type_handlers.register_type_handler(
+            jax.Array, ocp.type_handlers.ArrayHandler(
+                min_slice_bytes_for_replica_parallel=MIN_SLICE_BYTES), override=True)
+    finally:
+        absl_logging.set_verbosity(verbosity)
+
+
+_register_array_handler()
 
 
 def _target(abstract, shardings):
