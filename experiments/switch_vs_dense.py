@@ -196,7 +196,13 @@ def main(argv=None) -> int:
     texts, corpus = english_text.documents(pathlib.Path("/usr/share/info"))
     if not args.report:
         args.out.mkdir(parents=True, exist_ok=True)
-        docs.write_text("".join(t.replace("\n", " ") + "\n" for t in texts), encoding="utf-8")
+        text = "".join(t.replace("\n", " ") + "\n" for t in texts)
+        if docs.is_file() and docs.read_text(encoding="utf-8") != text:
+            raise SystemExit(f"{docs} differs from the text this machine gives now (other GNU "
+                             "manuals installed?): resumed runs would train on other text; use "
+                             "a new --out")
+        if not docs.is_file():
+            docs.write_text(text, encoding="utf-8")
         for name in ["dense"] + [n for n in args.runs if n != "dense"]:
             # one vocabulary for every run: the first run trains it
             vocab = None if name == "dense" else args.out / "dense" / "tokenizer.model"

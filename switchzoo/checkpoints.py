@@ -11,6 +11,7 @@ import pathlib
 import jax
 import orbax.checkpoint as ocp
 from absl import logging as absl_logging
+from orbax.checkpoint._src.metadata import array_metadata_store     # as Orbax's own default
 
 from switchzoo.state import TrainState
 
@@ -27,7 +28,8 @@ def _register_array_handler() -> None:
     try:
         ocp.type_handlers.register_type_handler(
             jax.Array, ocp.type_handlers.ArrayHandler(
-                min_slice_bytes_for_replica_parallel=MIN_SLICE_BYTES), override=True)
+                min_slice_bytes_for_replica_parallel=MIN_SLICE_BYTES,
+                array_metadata_store=array_metadata_store.Store()), override=True)
     finally:
         absl_logging.set_verbosity(verbosity)
 

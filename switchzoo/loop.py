@@ -65,6 +65,7 @@ def train(config, workdir, print_fn=print) -> dict:
     pretrained = hf.read_config(config.init_from) if config.init_from else None
     cfg = state_lib.run_model_config(config, ds.tokenizer.vocab_size,
                                      pretrained.cfg if pretrained else None)
+    check_vocabulary(workdir, cfg)
     setup = state_lib.setup_run(config, layout, cfg)
     schedule = state_lib.rsqrt_schedule(config.learning_rate, config.warmup_steps)
     ckpt = checkpoints.Checkpoints(workdir / "checkpoints", config.checkpoint_every_steps,
@@ -118,6 +119,20 @@ def train(config, workdir, print_fn=print) -> dict:
             writer.close()
             ckpt.close()
     return last
+
+
+def check_vocabulary(workdir: pathlib.Path, cfg) -> None:
+    """A run resumes only with the vocabulary size it was trained with (runs from before every
+    vocabulary kept 100 sentinel ids have fewer)."""
+    saved = workdir / evaluate.MODEL_FILE
+    if not saved.is_file() or not (workdir / "checkpoints").is_dir():
+        return
+    trained = json.loads(saved.read_text()).get("vocab_size")
+    if trained is not None and trained != cfg.vocab_size:
+        raise ValueError(f"{workdir} was trained with a vocabulary of {trained} ids, but its "
+                         f"tokenizer now gives {cfg.vocab_size} (switchzoo vocabularies keep "
+                         f"{state_lib.EXTRA_IDS} sentinel ids since span corruption came): it "
+                         "cannot resume; start a new --workdir")
 
 
 def check_finite(step: int, m: dict) -> None:

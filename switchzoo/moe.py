@@ -11,7 +11,7 @@ from flax import nnx
 from switchzoo import dropless
 from switchzoo.config import MoeConfig
 from switchzoo.layers import dropout, ffn_params, ffn_weights, mlp, split
-from switchzoo.layout import active, constrain
+from switchzoo.layout import LayoutError, active, constrain
 from switchzoo.routing import Router, choose, route
 
 
@@ -32,8 +32,16 @@ def num_groups(batch: int, length: int, group_size: int, shards: int = 1) -> int
     for g in range(least, num_tokens + 1):
         if num_tokens % g == 0:
             if g % shards == 0:
-                return g
+                first = g
+                break
             first = first or g
+    best = min(group_size, max(num_tokens // shards, 1))     # the group size one would want
+    if num_tokens // first < best / 4:
+        raise LayoutError(f"MoE routing: {num_tokens} tokens per batch split evenly only into "
+                          f"groups of {num_tokens // first} (moe.group_size {group_size}), too "
+                          "small for capacity to mean anything; make batch x length a multiple "
+                          f"of a size near {best}, or set --config.moe.group_size to a divisor "
+                          f"of {num_tokens}")
     return first
 
 

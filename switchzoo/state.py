@@ -26,6 +26,8 @@ from switchzoo import layout as layout_lib
 from switchzoo import transformer, zoo
 from switchzoo.config import ModelConfig
 
+EXTRA_IDS = 100     # the sentinel ids every switchzoo vocabulary keeps (data.tokenizer.EXTRA_IDS)
+
 
 class TrainState(NamedTuple):
     step: jax.Array
@@ -268,6 +270,13 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None) 
     if model is None:
         cfg = cfg.replace(vocab_size=128 * math.ceil(vocab_size / 128))
     elif vocab_size > cfg.vocab_size:
+        if vocab_size - EXTRA_IDS <= cfg.vocab_size:
+            raise ValueError(
+                f"the model's vocabulary has {cfg.vocab_size} ids: room for the tokenizer's "
+                f"{vocab_size - EXTRA_IDS} pieces but not for the {EXTRA_IDS} sentinel ids "
+                "every switchzoo vocabulary now keeps above them (a run trained before they "
+                "were added, or a checkpoint sized without them); train a new run, or "
+                "evaluate this one with the switchzoo version that trained it")
         raise ValueError(f"the tokenizer has {vocab_size} ids but the checkpoint's vocabulary "
                          f"{cfg.vocab_size}; load the checkpoint's own SentencePiece model with "
                          "--config.data.vocab_path")

@@ -140,6 +140,9 @@ def test_groups_are_the_fewest_of_at_most_group_size_that_split_evenly():
     assert moe.num_groups(256, 114, 8192, shards=32) == 32          # 912 tokens per device
     assert moe.num_groups(256, 512, 8192, shards=32) == 32
     assert moe.num_groups(4, 8, 64, shards=8) == 8 and moe.num_groups(3, 5, 4, shards=2) == 5
+    with pytest.raises(ValueError, match=r"229 tokens per batch split evenly only into groups "
+                                         r"of 1 \(moe.group_size 64\)"):
+        moe.num_groups(1, 229, 64)            # a prime count: capacity would mean nothing
     ffn = make(group_size=16)
     y, _ = ffn(jnp.ones((3, 8, D)))                     # 24 tokens route as 2 groups of 12
     assert y.shape == (3, 8, D)

@@ -218,3 +218,17 @@ def test_noise_settings_unread_outside_span_corruption():
     with pytest.raises(ValueError, match=r"noise_density=0.3 is read only with task=span_"
                                          r"corruption, and this run has task=translation"):
         validate.check(c)
+
+
+@pytest.mark.parametrize("density, mean", [(0.15, 3.0), (0.05, 3.0), (0.15, 10.0), (0.5, 1.0)])
+def test_lengths_hold_every_chunk_at_every_length(density, mean):
+    """Rows of lengths(L) hold the corrupted chunks (plus EOS) of every raw length up to it."""
+    rng = np.random.default_rng(0)
+    for L in range(3, 90):
+        raw, T = sc.lengths(L, density, mean)
+        for m in {2, raw // 2, raw - 1, raw} - {0, 1}:
+            inputs, targets = sc.corrupt(np.arange(5, 5 + m), vocab_size=V, noise_density=density,
+                                         mean_noise_span_length=mean, rng=rng)
+            assert len(inputs) + 1 <= L and len(targets) + 1 <= T, (L, m)
+    with pytest.raises(ValueError, match="max_length=2 leaves no room .* at least 3"):
+        pipeline.SpanFeaturizer(None, 2, 0.15, 3.0)

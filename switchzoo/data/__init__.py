@@ -65,7 +65,6 @@ class Data:
     description: str
     eval_split: str = "held out"
     spans: pipeline.SpanFeaturizer | None = None     # span corruption's featurizer
-    seed: int = 0
     _eval_features: list | None = dataclasses.field(default=None, repr=False)
 
     @property
@@ -75,7 +74,7 @@ class Data:
     def eval_batches(self) -> Iterator[dict]:
         if self._eval_features is None:   # tokenized once, on first use
             if self.spans:
-                self._eval_features = self.spans.evaluation(self.eval_examples, self.seed)
+                self._eval_features = self.spans.evaluation(self.eval_examples)
             else:
                 featurize = pipeline.featurizer(self.tokenizer, self.task, self.max_length)
                 self._eval_features = [featurize(e) for e in self.eval_examples]
@@ -115,4 +114,4 @@ def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
              pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed,
                                      spans.target_length if spans else None))
     return Data(tok, train, corpus.eval, task, batch_size, max_length, corpus.description,
-                corpus.eval_split, spans, seed)
+                corpus.eval_split, spans)

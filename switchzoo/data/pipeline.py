@@ -16,7 +16,8 @@ is fixed by the example's position in the stream (Grain's random_map), so a resu
 exactly as the uninterrupted one. Unlike T5, which concatenates documents before chunking,
 each document is corrupted on its own and packed with the segment mask: no span or attention
 crosses a document boundary. Texts shorter than 2 tokens cannot be corrupted and are skipped
-(``SpanFeaturizer.skipped`` counts them).
+(``SpanFeaturizer.skipped`` counts those of the training stream); of a longer document the first
+MAX_CHUNKS chunks are kept (~36k tokens at 512). Evaluation corrupts with a fixed draw.
 
 Training rows hold several examples (first-fit packing): ``*segments`` number them 1, 2, ...
 (0 = padding) and ``*positions`` restart at 0 in each. Evaluation rows hold one example each.
@@ -33,6 +34,7 @@ from switchzoo.data import span_corruption
 from switchzoo.data.tokenizer import EOS_ID
 
 MAX_CHUNKS = 64         # span corruption: chunks kept of one document (~36k tokens at 512)
+EVAL_SEED = 0           # span corruption: the evaluation draw
 
 
 def featurizer(tokenizer, task: str, max_length: int):
@@ -60,6 +62,12 @@ class SpanFeaturizer:
         self.tokenizer, self.density, self.span = tokenizer, noise_density, mean_noise_span_length
         self.raw, self.target_length = span_corruption.lengths(
             inputs_length, noise_density, mean_noise_span_length)
+        if self.raw < 2:
+            least = next(n for n in range(3, 10_000) if span_corruption.lengths(
+                n, noise_density, mean_noise_span_length)[0] >= 2)
+            raise ValueError(f"max_length={inputs_length} leaves no room for span corruption "
+                             f"(a chunk of {self.raw} token); set --config.max_length to at "
+                             f"least {least}")
         spans = span_corruption.max_spans(self.raw, noise_density, mean_noise_span_length)
         if spans > tokenizer.num_sentinels:
             raise ValueError(
@@ -69,10 +77,10 @@ class SpanFeaturizer:
                 "one) or a shorter --config.max_length")
         self.skipped = 0
 
-    def __call__(self, text: str, rng: np.random.Generator) -> list[dict]:
+    def __call__(self, text: str, rng: np.random.Generator, count: bool = True) -> list[dict]:
         ids = self.tokenizer.encode(text)
         if len(ids) < 2:
-            self.skipped += 1
+            self.skipped += count
             return []
         out = []
         for start in range(0, min(len(ids), self.raw * MAX_CHUNKS), self.raw):
@@ -86,10 +94,11 @@ class SpanFeaturizer:
                         "targets": np.append(targets, np.int32(EOS_ID))})
         return out
 
-    def evaluation(self, texts: list[str], seed: int) -> list[dict]:
-        """The evaluation examples of ``texts``: a fixed draw per text."""
+    def evaluation(self, texts: list[str]) -> list[dict]:
+        """The evaluation examples of ``texts``: a fixed draw per text, whatever the run's seed,
+        so that runs compared in a table are scored on the same examples."""
         return [ex for i, text in enumerate(texts)
-                for ex in self(text, np.random.default_rng([seed % 2**32, i]))]
+                for ex in self(text, np.random.default_rng([EVAL_SEED, i]), count=False)]
 
 
 class _Flatten(grain.experimental.FlatMapTransform):

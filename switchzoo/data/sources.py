@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 from typing import Sequence
 
 from switchzoo.data import embedded, files
@@ -160,9 +161,9 @@ def prepared_dir(name: str, data_dir: str | None) -> pathlib.Path | None:
     if version:
         candidates = [base / version]
     else:
-        candidates = sorted((p for p in base.glob("*.*.*") if p.is_dir()),
-                            key=lambda p: tuple(int(x) if x.isdigit() else -1
-                                                for x in p.name.split(".")))
+        candidates = sorted((p for p in base.glob("*.*.*")      # not tfds's incomplete.*
+                             if p.is_dir() and re.fullmatch(r"\d+\.\d+\.\d+", p.name)),
+                            key=lambda p: tuple(map(int, p.name.split("."))))
     ready = [p for p in candidates if (p / "dataset_info.json").is_file()]
     return ready[-1] if ready else None
 

@@ -71,7 +71,8 @@ def corrupt(ids, *, vocab_size: int, noise_density: float = 0.15,
 
 def max_spans(n: int, noise_density: float = 0.15, mean_noise_span_length: float = 3.0) -> int:
     """The noise spans (so sentinels) a sequence of ``n`` tokens gets."""
-    return _counts(max(n, 2), noise_density, mean_noise_span_length)[1]
+    noise, spans = _counts(max(n, 2), noise_density, mean_noise_span_length)
+    return min(spans, max(n, 2) - noise)
 
 
 def lengths(inputs_length: int, noise_density: float = 0.15,
@@ -79,11 +80,11 @@ def lengths(inputs_length: int, noise_density: float = 0.15,
     """(raw tokens, targets length): the longest raw length whose corrupted inputs plus EOS fit
     ``inputs_length``, and the length of its targets plus EOS (T5's random_spans_helper:
     512 -> (568, 114) at 0.15 / 3.0)."""
-    def corrupted(n):
-        noise = round(n * noise_density)
-        spans = round(noise / mean_noise_span_length)
+    def corrupted(n):        # the counts corrupt() makes (noise_mask's), plus each EOS
+        noise, spans = _counts(max(n, 2), noise_density, mean_noise_span_length)
+        spans = min(spans, max(n, 2) - noise)
         return n - noise + spans + 1, noise + spans + 1
-    n = inputs_length - 1
+    n = 1
     while corrupted(n + 1)[0] <= inputs_length:
         n += 1
     return n, corrupted(n)[1]

@@ -46,11 +46,17 @@ class Tokenizer:
         if own:      # the model carries its sentinels: they must be T5's, at the very top
             top = self.num_pieces - 1
             wrong = sorted(n for n, i in own.items() if i != top - n)
-            if wrong or sorted(own) != list(range(len(own))):
-                n = (wrong or [max(own)])[0]
+            missing = sorted(set(range(max(own) + 1)) - set(own))
+            if wrong:
+                n = wrong[0]
                 raise ValueError(f"SentencePiece model {path} holds <extra_id_{n}> at id "
                                  f"{own[n]}, not at {top - n} (= size - 1 - {n}) where span "
                                  "corruption and T5/Switch checkpoints put it; use the model "
+                                 "the checkpoint was trained with, or one without extra ids")
+            if missing:
+                raise ValueError(f"SentencePiece model {path} lacks <extra_id_{missing[0]}> "
+                                 f"below <extra_id_{max(own)}>: its sentinels must be "
+                                 "<extra_id_0> ... <extra_id_N> without gaps; use the model "
                                  "the checkpoint was trained with, or one without extra ids")
         self.num_sentinels = len(own) or EXTRA_IDS
         self.vocab_size = self.num_pieces + (0 if own else EXTRA_IDS)
@@ -72,6 +78,8 @@ class Tokenizer:
             ids = ids[:ids.index(EOS_ID)]
         out, run = [], []
         for i in ids:
+            if i >= self.vocab_size:        # the model's padding ids beyond the vocabulary
+                continue
             if i >= self.vocab_size - self.num_sentinels:     # <extra_id_N>, from the top
                 out += [self._sp.decode(run), f"<extra_id_{self.vocab_size - 1 - i}>"]
                 run = []
