@@ -123,6 +123,12 @@ def report(args, corpus: dict, seconds: dict) -> dict:
             "max_over_mean_expert_load": None if not load else
             [round(max(layer) * len(layer), 3) for layer in load],
             "dropped_fraction_eval": final.get("dropped_fraction"),
+            # the mean top router probability (1/E: uniform): how sure routing has become; the
+            # expert output is scaled by it
+            "router_confidence_train": None if not last_train or "router_confidence" not in
+            last_train[-1] else [round(sum(r["router_confidence"][i] for r in last_train)
+                                       / len(last_train), 3)
+                                 for i in range(len(last_train[-1]["router_confidence"]))],
             "seconds": seconds.get(name),
         }
     result = {"command": "python experiments/switch_vs_dense.py " + " ".join(
