@@ -155,6 +155,8 @@ def markdown(results: dict) -> str:
     """A two-column Markdown table of the metrics present in a results dict."""
     rows = [("split", results.get("split")), ("step", results.get("step"))]
     for key, label in (("bleu", "BLEU (sacrebleu 13a)"), ("loss", "loss (nats/token)"),
+                       ("neg_log_perplexity", "neg. log perplexity (Switch paper)"),
+                       ("accuracy", "token accuracy"),
                        ("token_perplexity", "token perplexity"),
                        ("word_perplexity", "word perplexity")):
         if results.get(key) is not None:

@@ -114,6 +114,9 @@ def test_markdown_lists_the_metrics_present():
     text = scores.markdown(_results(300, 2.0, bleu=27.31))
     assert "| BLEU (sacrebleu 13a) | 27.31 |" in text
     assert "| loss (nats/token) | 2 |" in text
+    assert "| neg. log perplexity (Switch paper) | -2 |" in text
+    assert "token accuracy" not in text                   # only where the run measured it
+    assert "| token accuracy | 0.61 |" in scores.markdown(_results(300, 2.0, accuracy=0.61))
     assert "| word perplexity | 12.18 |" in text          # exp(200 / 80)
     assert "mean of 2 Switch layers) | 0.03 |" in text
     assert "1/4 = 0.25) | 0.2 / 0.3 |" in text
