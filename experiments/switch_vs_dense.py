@@ -212,6 +212,9 @@ def main(argv=None) -> int:
         for name in ["dense"] + [n for n in args.runs if n != "dense"]:
             # one vocabulary for every run: the first run trains it
             vocab = None if name == "dense" else args.out / "dense" / "tokenizer.model"
+            done = rows(args.out / name, "train")
+            if done and done[-1]["step"] >= args.steps:
+                continue                                  # finished earlier
             seconds[name] = round(seconds.get(name, 0) + train(args, name, docs, vocab), 1)
             seconds_path.write_text(json.dumps(seconds))
     result = report(args, corpus, seconds)
