@@ -6,44 +6,26 @@ Two sources, both human-written English:
   * the English side of the shipped embedded corpus (switchzoo/data/corpus: the messages of
     Debian's GNU gettext catalogues, short: a median of ~5 words);
   * the GNU Texinfo manuals installed in --info-dir (coreutils, grep, sed, gettext, gnupg, ...:
-    GFDL prose, ~4.6 MB on this machine), cut into paragraphs; menus, node headers, indices and
-    lines that are mostly not words are dropped, and each paragraph's lines are joined.
+    GFDL prose, ~4.6 MB on this machine), cut into paragraphs by switchzoo.data.manuals (what
+    span corruption on the embedded corpus reads too).
 Documents are deduplicated and written in a fixed pseudo-random order (by a hash of the text),
 so that the 2% the trainer holds out of --config.data.train_files mixes both sources.
 """
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import pathlib
-import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from switchzoo.data import embedded  # noqa: E402
-
-WORD = re.compile(r"[A-Za-z]{2,}")
+from switchzoo.data import embedded, manuals  # noqa: E402
 
 
 def info_paragraphs(info_dir: pathlib.Path) -> list[str]:
-    out = []
-    for path in sorted(info_dir.glob("*.info*.gz")):
-        text = gzip.open(path, "rt", encoding="utf-8", errors="replace").read()
-        for node in text.split("\x1f"):
-            for block in re.split(r"\n\s*\n", node):
-                lines = [line.strip() for line in block.splitlines()]
-                if not lines or lines[0].startswith(("File:", "* ", "Tag Table", "Indirect:",
-                                                     "END-INFO", "Local Variables")):
-                    continue
-                paragraph = " ".join(line for line in lines if line)
-                words = WORD.findall(paragraph)
-                # prose: mostly words, several of them, not a table of options or code
-                if len(words) >= 8 and sum(map(len, words)) >= 0.6 * len(paragraph):
-                    out.append(paragraph[:4000])
-    return out
+    return manuals.paragraphs(info_dir)
 
 
 def messages() -> list[str]:

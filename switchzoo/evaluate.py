@@ -22,9 +22,9 @@ MODEL_FILE = "model.json"      # the run's resolved model, written by the traini
 # What an evaluation may change in a run's saved config (--config.FIELD=value): where and how
 # it evaluates, never what was trained.
 EVAL_OVERRIDES = ("eval.", "data.eval_files", "data.eval_split", "data.max_eval_examples",
-                  "data.tfds_data_dir", "data.locale_dir", "per_device_batch_size", "layout",
-                  "mesh", "dtype", "moe.eval_capacity_factor", "moe.dispatch",
-                  "moe.grouped_matmul", "moe.block_size")
+                  "data.tfds_data_dir", "data.locale_dir", "data.info_dir",
+                  "per_device_batch_size", "layout", "mesh", "dtype", "moe.eval_capacity_factor",
+                  "moe.dispatch", "moe.grouped_matmul", "moe.block_size")
 
 
 def load_config(workdir: pathlib.Path,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from switchzoo.configs import base
 
@@ -93,6 +94,8 @@ READERS = {
                      "data.source=" + " or ".join(s)) for k, s in _SOURCES.items()},
     **{f"data.{k}": (lambda c: c.task == "span_corruption", "task=span_corruption")
        for k in ("noise_density", "mean_noise_span_length")},
+    "data.info_dir": (lambda c: c.task == "span_corruption" and c.data.source == "embedded",
+                      "task=span_corruption and data.source=embedded"),
     "weight_decay": (lambda c: c.optimizer == "adamw", "optimizer=adamw"),
     **{f"eval.{k}": (lambda c: c.task == "translation", "task=translation (BLEU decoding)")
        for k in ("num_beams", "length_penalty", "max_decode_length", "max_examples")},
@@ -133,5 +136,5 @@ def unread(config, evaluating: bool = False) -> list[str]:
 
 
 def _context(config, who: str) -> str:
-    field = who.split("=")[0]
-    return f"{field}={get(config, field)}"
+    fields = re.findall(r"([\w.]+)=", who)
+    return " and ".join(f"{field}={get(config, field)}" for field in fields)

@@ -232,3 +232,35 @@ def test_lengths_hold_every_chunk_at_every_length(density, mean):
             assert len(inputs) + 1 <= L and len(targets) + 1 <= T, (L, m)
     with pytest.raises(ValueError, match="max_length=2 leaves no room .* at least 3"):
         pipeline.SpanFeaturizer(None, 2, 0.15, 3.0)
+
+
+def test_embedded_span_corruption_adds_the_gnu_manuals(tmp_path):
+    """The embedded corpus's English side plus the manuals of --config.data.info_dir (prose
+    paragraphs only), cached in the workdir; info_dir is refused where nothing reads it."""
+    import gzip
+    info = tmp_path / "info"
+    info.mkdir()
+    prose = ("The sort command writes the sorted concatenation of all files to standard output, "
+             "and with no file it reads standard input instead.")
+    cut = prose.index(" ", 55)                # the paragraph spans two lines
+    manual = ("\x1f\nFile: sort.info, Node: sort invocation, Up: Top\n\n"
+              f"{prose[:cut]}\n{prose[cut + 1:]}\n\n* Menu:\n\n* sort invocation::  Sorting.\n\n"
+              "'-k POS1[,POS2]'\n     -k 2,2n -t :\n")
+    with gzip.open(info / "sort.info.gz", "wt") as f:
+        f.write(manual)
+    cfg = data.default_config()
+    cfg.update(dict(vocab_size=400, embedded_max_pairs=2000, locale_dir=str(tmp_path / "none"),
+                    info_dir=str(info)))
+    d = data.build(cfg, tmp_path / "run", task="span_corruption", batch_size=B, max_length=L)
+    assert d.description.endswith(f"+ 1 paragraphs of the GNU manuals in {info} (1 files)")
+    corpus = data.sources.load(cfg, "span_corruption", tmp_path / "run")
+    assert prose in list(corpus.train) + corpus.eval          # joined, menus and tables dropped
+    assert (tmp_path / "run" / "data" / "manuals.txt").read_text() == prose + "\n"
+    again = data.build(cfg, tmp_path / "run", task="span_corruption", batch_size=B, max_length=L)
+    assert "1 paragraphs of GNU manuals cached in" in again.description
+    c = base.get_base()
+    c.data.info_dir = str(info)
+    with pytest.raises(ValueError, match=r"info_dir=.* is read only with task=span_corruption and "
+                                         r"data.source=embedded, and this run has "
+                                         r"task=translation and data.source=embedded"):
+        validate.check(c)

@@ -50,6 +50,7 @@ def default_config() -> ml_collections.ConfigDict:
         max_eval_examples=1000,
         embedded_max_pairs=0,       # 0 = all
         locale_dir="/usr/share/locale",  # embedded: this machine's catalogues add pairs
+        info_dir="/usr/share/info",  # embedded span corruption: GNU manuals add running text
     ))
 
 

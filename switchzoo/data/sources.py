@@ -10,9 +10,11 @@ import dataclasses
 import os
 import pathlib
 import re
+import zlib
 from typing import Sequence
 
-from switchzoo.data import embedded, files
+from switchzoo import atomic
+from switchzoo.data import embedded, files, manuals
 
 SOURCES = ("embedded", "files", "tfds")
 
@@ -38,6 +40,13 @@ def load(cfg, task: str, workdir) -> Corpus:
             pair = "-".join(sorted(pair.split("-"), key=lambda lang: lang == "en"))
         train, held, description = embedded.load(pair, task, cache, cfg.embedded_max_pairs,
                                                  pathlib.Path(cfg.locale_dir))
+        if task == "span_corruption":      # running text beside the short messages
+            prose, note = _manuals(pathlib.Path(cfg.info_dir), cache)
+            more, more_held = files.hold_out(prose)
+            train = train + more
+            # evaluation mixes both (max_eval_examples takes the first ones)
+            held = sorted(held + more_held, key=lambda t: zlib.crc32(t.encode("utf-8")))
+            description += note
         corpus = Corpus(train, held, description)
     elif cfg.source == "files":
         if not cfg.train_files:
@@ -57,6 +66,19 @@ def load(cfg, task: str, workdir) -> Corpus:
     if not len(corpus.train):
         raise ValueError(f"{corpus.description}: the training split is empty; give more data")
     return _capped(corpus, cfg)
+
+
+def _manuals(info_dir: pathlib.Path, cache: pathlib.Path | None) -> tuple[list[str], str]:
+    """The GNU manuals' paragraphs, cached in the workdir like the embedded corpus."""
+    path = cache / "manuals.txt" if cache else None
+    if path is not None and path.is_file():
+        prose = files.read_texts(path) if path.stat().st_size else []
+        return prose, f" + {len(prose):,} paragraphs of GNU manuals cached in {path}"
+    prose = manuals.paragraphs(info_dir)
+    if path is not None:
+        atomic.write_text(path, "".join(t + "\n" for t in prose))
+    return prose, (f" + {len(prose):,} paragraphs of the GNU manuals in {info_dir} "
+                   f"({len(manuals.files(info_dir))} files)")
 
 
 def eval_files(cfg, task: str) -> Corpus:
