@@ -221,11 +221,27 @@ def main(argv=None) -> int:
     result = report(args, corpus, seconds)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.figure)
-    for name, r in result["runs"].items():
-        print(f"{name:12s} final neg_log_perp {r['final_neg_log_perplexity']:.4f}  reaches "
-              f"dense's final loss at step {r.get('steps_to_dense_final_loss')}  "
-              f"({r.get('fraction_of_dense_steps')} of dense's)")
+    print(markdown(result))
     return 0
+
+
+def markdown(result: dict) -> str:
+    """The results as the Markdown table docs/experiments.md shows."""
+    lines = ["| run | model | eval neg. log perp. @ last step (↑) | vs its dense | steps to its "
+             "dense's final loss | eval accuracy | train CE, last 250 steps | router confidence "
+             "per Switch layer | max/mean expert load (eval) |", "|" + "---|" * 9]
+    for name, r in result["runs"].items():
+        reach = r.get("steps_to_dense_final_loss")
+        reached = ("not reached" if reach is None
+                   else f"{reach} ({r['fraction_of_dense_steps']} of its dense's)")
+        gap = r.get("eval_loss_minus_dense")
+        lines.append(
+            f"| {name} | {r['model']} | {r['final_neg_log_perplexity']:.4f} | "
+            f"{'' if gap is None else f'{-gap:+.4f}'} | {reached} | {r['final_accuracy']} | "
+            f"{r['train_cross_entropy_last_interval']} | "
+            f"{r.get('router_confidence_train') or '—'} | "
+            f"{r.get('max_over_mean_expert_load') or '—'} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
