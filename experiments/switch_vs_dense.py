@@ -45,6 +45,10 @@ RUNS = {   # name: (model, extra flags, the dense run it is compared with)
     "moe_top2_8": ("switch_cpu_8", ["--config.moe.top_k=2"], "dense"),
     # diagnosis: the same pair under AdamW, whose update does not scale with the parameter's
     # size as Adafactor's does (the router starts small)
+    # Table 1's capacity 1.0 rows (switch_table1_mini)
+    "switch_8_cf1.0": ("switch_cpu_8", ["--config.moe.train_capacity_factor=1.0"], "dense"),
+    "moe_top2_8_cf1.0": ("switch_cpu_8", ["--config.moe.top_k=2",
+                                          "--config.moe.train_capacity_factor=1.0"], "dense"),
     "dense_adamw": ("t5_cpu", ADAMW, "dense_adamw"),
     "switch_8_adamw": ("switch_cpu_8", ADAMW, "dense_adamw"),
 }
