@@ -24,16 +24,12 @@ sys.path.insert(0, str(ROOT))
 from switchzoo.data import embedded, manuals  # noqa: E402
 
 
-def info_paragraphs(info_dir: pathlib.Path) -> list[str]:
-    return manuals.paragraphs(info_dir)
-
-
 def messages() -> list[str]:
     return [english for english, _ in embedded.shipped("de")]
 
 
 def documents(info_dir: pathlib.Path) -> tuple[list[str], dict]:
-    msgs, paras = messages(), info_paragraphs(info_dir)
+    msgs, paras = messages(), manuals.paragraphs(info_dir)
     docs = sorted(dict.fromkeys(d for d in msgs + paras if d.strip()),
                   key=lambda d: hashlib.sha1(d.encode()).hexdigest())
     stats = {"messages": len(set(msgs)), "info_paragraphs": len(set(paras)),

@@ -15,10 +15,8 @@ activations as the config says.
 from __future__ import annotations
 
 import math
-import os
 import pathlib
 import re
-import subprocess
 import sys
 import time
 
@@ -29,11 +27,11 @@ from switchzoo import hf, inspector, layout as layout_lib, validate
 from switchzoo import state as state_lib
 from switchzoo.data import span_corruption, tokenizer as tokenizer_lib
 
-RERUN = "_SWITCHZOO_DRY_RUN_DEVICES"
-
 
 def devices_needed(config, devices: int | None) -> int:
     """The device count of the config's mesh (``devices`` where the mesh leaves one open)."""
+    if devices is not None and devices < 1:
+        raise ValueError(f"--devices {devices}: give a positive number of devices")
     mesh = config.mesh
     if not mesh:
         preset = layout_lib.presets().get(config.layout)
@@ -57,14 +55,9 @@ def devices_needed(config, devices: int | None) -> int:
 def ensure_devices(n: int, argv: list[str]) -> int | None:
     """None when this process has ``n`` devices; else the exit code of a fresh process that
     runs ``argv`` on ``n`` simulated CPU devices."""
-    if inspector._use_cpu_devices(n):
+    if inspector.use_cpu_devices(n):
         return None
-    if os.environ.get(RERUN) == str(n):
-        raise ValueError(f"--dry_run: JAX did not start with {n} devices "
-                         f"(it has {jax.device_count()})")
-    env = inspector.simulated_devices_env(n, **{RERUN: str(n)})
-    sys.stdout.flush()
-    return subprocess.run([sys.executable, *argv], env=env).returncode
+    return inspector.rerun_on_devices([sys.executable, *argv], n)
 
 
 def vocab_size(config) -> int:
@@ -75,19 +68,16 @@ def vocab_size(config) -> int:
 
 
 def batch_shapes(config, batch: int) -> dict:
-    L = config.max_length
-    i32, f32 = np.int32, np.float32
-    if config.task == "lm":
-        fields = {"inputs": (L, i32), "targets": (L, i32), "segments": (L, i32),
-                  "positions": (L, i32), "weights": (L, f32)}
-    else:
-        T = (span_corruption.lengths(L, config.data.noise_density,
-                                     config.data.mean_noise_span_length)[1]
-             if config.task == "span_corruption" else L)
-        fields = {"inputs": (L, i32), "targets": (T, i32), "inputs_segments": (L, i32),
-                  "inputs_positions": (L, i32), "targets_segments": (T, i32),
-                  "targets_positions": (T, i32), "weights": (T, f32)}
-    return {k: jax.ShapeDtypeStruct((batch, n), dt) for k, (n, dt) in fields.items()}
+    """The run's batch fields and shapes, as the input pipeline makes them."""
+    from switchzoo.data import pipeline
+    T = (span_corruption.lengths(config.max_length, config.data.noise_density,
+                                 config.data.mean_noise_span_length)[1]
+         if config.task == "span_corruption" else config.max_length)
+    one = {"inputs": np.ones(1, np.int32), "targets": np.ones(1, np.int32)}
+    words = [1] if config.task == "lm" else None
+    fields = next(pipeline.eval_batches([one], config.task, batch, config.max_length, words, T))
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in fields.items()
+            if k != "num_words"}       # evaluation's word counts: not a training field
 
 
 def run(config, print_fn=print) -> dict:
@@ -103,7 +93,7 @@ def run(config, print_fn=print) -> dict:
     step = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps)
     start = time.perf_counter()
     lowered = step.lower(setup.abstract, batch)
-    compiled = lowered.compile(inspector._cpu_inspect_options()
+    compiled = lowered.compile(inspector.cpu_inspect_options()
                                if jax.default_backend() == "cpu" else None)
     seconds = time.perf_counter() - start
     memory = inspector.memory_stats(compiled)

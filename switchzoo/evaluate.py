@@ -49,7 +49,8 @@ def load_config(workdir: pathlib.Path,
     return config
 
 
-def run_model(config, workdir: pathlib.Path, vocab_size: int) -> ModelConfig:
+def run_model(config, workdir: pathlib.Path, vocab_size: int,
+              pieces: int | None = None) -> ModelConfig:
     """The model a run trained: the one it saved, else (older runs) its Hugging Face starting
     point or its catalogue entry; with the config's evaluation-time overrides."""
     saved = workdir / MODEL_FILE
@@ -57,13 +58,14 @@ def run_model(config, workdir: pathlib.Path, vocab_size: int) -> ModelConfig:
         model = ModelConfig.from_dict(json.loads(saved.read_text()))
     else:
         model = hf.read_config(config.init_from).cfg if config.init_from else None
-    return state_lib.run_model_config(config, vocab_size, model)
+    return state_lib.run_model_config(config, vocab_size, model, pieces)
 
 
-def restore_params(config, workdir: pathlib.Path, layout, vocab_size: int):
+def restore_params(config, workdir: pathlib.Path, layout, vocab_size: int,
+                   pieces: int | None = None):
     """(setup, params, step) of the newest committed checkpoint of the run: the parameters
     alone, with no optimizer built."""
-    setup = state_lib.setup_run(config, layout, run_model(config, workdir, vocab_size),
+    setup = state_lib.setup_run(config, layout, run_model(config, workdir, vocab_size, pieces),
                                 train=False)
     ckpt = checkpoints.Checkpoints(workdir / "checkpoints", 1, config.keep_checkpoints)
     try:
@@ -110,7 +112,8 @@ def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
         params, _ = hf.load_params(pretrained, setup)
         step = None
     else:
-        setup, params, step = restore_params(config, workdir, layout, ds.tokenizer.vocab_size)
+        setup, params, step = restore_params(config, workdir, layout, ds.tokenizer.vocab_size,
+                                             ds.tokenizer.num_pieces)
     eval_fn = steps.make_eval_step(setup)
     results = {"step": step, "split": ds.eval_split,
                "model": config.init_from or config.model,

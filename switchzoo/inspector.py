@@ -75,9 +75,10 @@ def memory_stats(compiled) -> dict[str, int]:
 # layout assignment, then passed 15 GiB within a minute of the fusion pass. The inspector
 # compiles to inspect, never runs the step, so on CPU it leaves the array form alone.
 _CPU_NO_DECOMPOSER = "all_to_all_decomposer"
+_RERUN = "_SWITCHZOO_DEVICES_RERUN"      # set in a process started on simulated devices
 
 
-def _cpu_inspect_options() -> dict:
+def cpu_inspect_options() -> dict:
     """Compiler options for an inspection on CPU: XLA_FLAGS' disabled passes plus the above."""
     flags = re.findall(r"--xla_disable_hlo_passes=(\S+)", os.environ.get("XLA_FLAGS", ""))
     return {"xla_disable_hlo_passes": ",".join(flags + [_CPU_NO_DECOMPOSER])}
@@ -131,7 +132,7 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         lowered_at = time.perf_counter()
         on_cpu = mesh_obj.devices.flat[0].platform == "cpu"
         compiled = lowered.compile(None if decompose_all_to_all or not on_cpu
-                                   else _cpu_inspect_options())
+                                   else cpu_inspect_options())
         report["batch"], report["length"] = batch_size, length
         if cfg.moe is not None:
             report["group_size"] = cfg.moe.group_size
@@ -263,8 +264,9 @@ def main(argv=None) -> int:
             print(f"error: --devices {args.devices}: give a positive number of devices",
                   file=sys.stderr)
             return 2
-        if not _use_cpu_devices(args.devices):
-            return _rerun_with_devices(sys.argv[1:] if argv is None else list(argv), args.devices)
+        if not use_cpu_devices(args.devices):
+            return rerun_on_devices([sys.executable, "-m", "switchzoo.layout",
+                                     *(sys.argv[1:] if argv is None else argv)], args.devices)
     try:
         if bool(args.figure) != bool(args.tensor):
             raise ValueError("--figure and --tensor go together: --figure out.png --tensor NAME")
@@ -283,7 +285,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def _use_cpu_devices(n: int) -> bool:
+def use_cpu_devices(n: int) -> bool:
     """Makes JAX run on ``n`` simulated CPU devices; False if that is too late in this process.
 
     Importing jax does not start a backend: it starts on first use (``jax.devices()``, the first
@@ -297,23 +299,19 @@ def _use_cpu_devices(n: int) -> bool:
     return True
 
 
-def _rerun_with_devices(argv: list[str], n: int) -> int:
-    """Runs this command again in a fresh process that starts JAX on ``n`` CPU devices."""
-    if os.environ.get("_SWITCHZOO_DEVICES_RERUN") == str(n):
-        print(f"error: --devices {n}: JAX did not start with {n} devices "
-              f"(it has {jax.device_count()})", file=sys.stderr)
+def rerun_on_devices(command: list[str], n: int) -> int:
+    """Runs ``command`` (this program again) in a fresh process that starts JAX on ``n``
+    simulated CPU devices; its exit code (2, with a message, if even that process lacks them)."""
+    if os.environ.get(_RERUN) == str(n):
+        print(f"error: JAX did not start with {n} devices (it has {jax.device_count()})",
+              file=sys.stderr)
         return 2
-    env = simulated_devices_env(n, _SWITCHZOO_DEVICES_RERUN=str(n))
-    sys.stdout.flush()
-    return subprocess.run([sys.executable, "-m", "switchzoo.layout", *argv], env=env).returncode
-
-
-def simulated_devices_env(n: int, **extra) -> dict:
-    """This process's environment for a child that starts JAX on ``n`` simulated CPU devices."""
     flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
                    os.environ.get("XLA_FLAGS", ""))
-    return dict(os.environ, JAX_PLATFORMS="cpu", **extra,
-                XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip())
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **{_RERUN: str(n)},
+               XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip())
+    sys.stdout.flush()
+    return subprocess.run(command, env=env).returncode
 
 
 def _preset_mesh(layout: str) -> str:

@@ -16,6 +16,7 @@ from jax.experimental import multihost_utils
 from switchzoo import atomic, checkpoints, cli, data, evaluate, hf, steps, validate, zoo
 from switchzoo import metrics as metrics_lib
 from switchzoo import state as state_lib
+from switchzoo.data import tokenizer as tokenizer_lib
 
 
 def check_workdir(workdir: pathlib.Path, config) -> None:
@@ -64,7 +65,8 @@ def train(config, workdir, print_fn=print) -> dict:
         ds = build_data()
     pretrained = hf.read_config(config.init_from) if config.init_from else None
     cfg = state_lib.run_model_config(config, ds.tokenizer.vocab_size,
-                                     pretrained.cfg if pretrained else None)
+                                     pretrained.cfg if pretrained else None,
+                                     ds.tokenizer.num_pieces)
     check_vocabulary(workdir, cfg)
     setup = state_lib.setup_run(config, layout, cfg)
     schedule = state_lib.rsqrt_schedule(config.learning_rate, config.warmup_steps)
@@ -131,8 +133,8 @@ def check_vocabulary(workdir: pathlib.Path, cfg) -> None:
     if trained is not None and trained != cfg.vocab_size:
         raise ValueError(f"{workdir} was trained with a vocabulary of {trained} ids, but its "
                          f"tokenizer now gives {cfg.vocab_size} (switchzoo vocabularies keep "
-                         f"{state_lib.EXTRA_IDS} sentinel ids since span corruption came): it "
-                         "cannot resume; start a new --workdir")
+                         f"{tokenizer_lib.EXTRA_IDS} sentinel ids since span corruption came): "
+                         "it cannot resume; start a new --workdir")
 
 
 def check_finite(step: int, m: dict) -> None:

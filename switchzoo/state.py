@@ -26,8 +26,6 @@ from switchzoo import layout as layout_lib
 from switchzoo import transformer, zoo
 from switchzoo.config import ModelConfig
 
-EXTRA_IDS = 100     # the sentinel ids every switchzoo vocabulary keeps (data.tokenizer.EXTRA_IDS)
-
 
 class TrainState(NamedTuple):
     step: jax.Array
@@ -246,11 +244,13 @@ def check_accumulation(config) -> None:
                          f"batch of {batch} rows (per_device_batch_size x devices)")
 
 
-def run_model_config(config, vocab_size: int, model: ModelConfig | None = None) -> ModelConfig:
+def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
+                     pieces: int | None = None) -> ModelConfig:
     """The run's model: ``model`` (a Hugging Face checkpoint's, or the one a run saved) or the
     catalogue's, with the run's overrides: MoE routing knobs, activation dtype and dropout, and
-    for a catalogue model a vocabulary sized for the tokenizer (rounded up to a multiple of
-    128, for sharding)."""
+    for a catalogue model a vocabulary sized for the tokenizer's ``vocab_size`` ids (rounded up
+    to a multiple of 128, for sharding). ``pieces``: the tokenizer's ids without the sentinels
+    it adds, to name a model that has room for those but not for them."""
     cfg = model or zoo.get(config.model)
     want_encoder = config.task != "lm"            # translation, span corruption
     if cfg.is_encoder_decoder != want_encoder:
@@ -270,10 +270,10 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None) 
     if model is None:
         cfg = cfg.replace(vocab_size=128 * math.ceil(vocab_size / 128))
     elif vocab_size > cfg.vocab_size:
-        if vocab_size - EXTRA_IDS <= cfg.vocab_size:
+        if pieces is not None and pieces <= cfg.vocab_size:
             raise ValueError(
                 f"the model's vocabulary has {cfg.vocab_size} ids: room for the tokenizer's "
-                f"{vocab_size - EXTRA_IDS} pieces but not for the {EXTRA_IDS} sentinel ids "
+                f"{pieces} pieces but not for the {vocab_size - pieces} sentinel ids "
                 "every switchzoo vocabulary now keeps above them (a run trained before they "
                 "were added, or a checkpoint sized without them); train a new run, or "
                 "evaluate this one with the switchzoo version that trained it")

@@ -141,5 +141,5 @@ def test_cpu_inspection_keeps_all_to_all_whole_and_the_callers_disabled_passes(m
     # outgrow the host at 1,024+ simulated devices; the inspector compiles without it.
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                                     "--xla_disable_hlo_passes=foo")
-    assert inspector._cpu_inspect_options() == {
+    assert inspector.cpu_inspect_options() == {
         "xla_disable_hlo_passes": "foo,all_to_all_decomposer"}

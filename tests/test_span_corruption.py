@@ -226,6 +226,7 @@ def test_lengths_hold_every_chunk_at_every_length(density, mean):
     rng = np.random.default_rng(0)
     for L in range(3, 90):
         raw, T = sc.lengths(L, density, mean)
+        assert raw >= 2                          # max_length 3 already holds a chunk
         for m in {2, raw // 2, raw - 1, raw} - {0, 1}:
             inputs, targets = sc.corrupt(np.arange(5, 5 + m), vocab_size=V, noise_density=density,
                                          mean_noise_span_length=mean, rng=rng)

@@ -127,5 +127,7 @@ def test_dry_run_compiles_the_configs_real_step_for_its_mesh():
     paper.mesh = "data:-1,expert:8"
     with pytest.raises(ValueError, match=r"leaves an axis open \(-1\): give --devices N"):
         dry_run.devices_needed(paper, None)
+    with pytest.raises(ValueError, match="--devices 0: give a positive number"):
+        dry_run.devices_needed(paper, 0)
     with pytest.raises(ValueError, match="--devices 16 but mesh 'data:4,model:1,expert:8' has 32"):
         dry_run.devices_needed(c4.get_config(), 16)

@@ -112,7 +112,6 @@ def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
                                         cfg.mean_noise_span_length)
     featurize = spans or pipeline.featurizer(tok, task, max_length)
     train = (None if evaluating else
-             pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed,
-                                     spans.target_length if spans else None))
+             pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed))
     return Data(tok, train, corpus.eval, task, batch_size, max_length, corpus.description,
                 corpus.eval_split, spans)

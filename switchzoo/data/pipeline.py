@@ -62,12 +62,10 @@ class SpanFeaturizer:
         self.tokenizer, self.density, self.span = tokenizer, noise_density, mean_noise_span_length
         self.raw, self.target_length = span_corruption.lengths(
             inputs_length, noise_density, mean_noise_span_length)
-        if self.raw < 2:
-            least = next(n for n in range(3, 10_000) if span_corruption.lengths(
-                n, noise_density, mean_noise_span_length)[0] >= 2)
+        if self.raw < 2:        # only max_length 2: 3 holds a 2-token chunk at any noise
             raise ValueError(f"max_length={inputs_length} leaves no room for span corruption "
                              f"(a chunk of {self.raw} token); set --config.max_length to at "
-                             f"least {least}")
+                             "least 3")
         spans = span_corruption.max_spans(self.raw, noise_density, mean_noise_span_length)
         if spans > tokenizer.num_sentinels:
             raise ValueError(
@@ -157,14 +155,15 @@ class TrainIterator:
 
 
 def train_iterator(examples: Sequence, featurize, task: str, batch_size: int, max_length: int,
-                   seed: int, target_length: int | None = None) -> TrainIterator:
+                   seed: int) -> TrainIterator:
     """Shuffle (a new order each epoch) -> repeat -> tokenize -> first-fit pack -> batch.
 
     Span corruption: ``featurize`` is a SpanFeaturizer (random_map: a draw per stream position,
-    then its chunks flattened) and targets rows are ``target_length`` long."""
+    then its chunks flattened) and targets rows are its ``target_length`` long."""
     seed = seed % 2**32
     dataset = grain.MapDataset.source(examples).shuffle(seed=seed).repeat(None)
     spans = isinstance(featurize, SpanFeaturizer)
+    target_length = featurize.target_length if spans else None
     dataset = dataset.random_map(featurize, seed=seed) if spans else dataset.map(featurize)
     # Tokenizing runs in this thread: SentencePiece holds the GIL, so threads would only add
     # hand-over cost (measured), and the order stays trivially determined.

@@ -20,9 +20,10 @@ NUM_SENTINELS = 100        # the extra ids a vocabulary keeps for sentinels (T5'
 
 
 def _counts(n: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
-    """(noise tokens, noise spans) of a sequence of length n >= 2."""
+    """(noise tokens, noise spans) of a sequence of length n >= 2; every span needs a non-noise
+    run before it."""
     noise = min(max(round(n * noise_density), 1), n - 1)
-    spans = max(round(noise / mean_noise_span_length), 1)
+    spans = min(max(round(noise / mean_noise_span_length), 1), n - noise)
     return noise, spans
 
 
@@ -41,7 +42,6 @@ def noise_mask(n: int, noise_density: float, mean_noise_span_length: float,
                          f"mean_noise_span_length={mean_noise_span_length} >= 1")
     length = max(n, 2)
     noise, spans = _counts(length, noise_density, mean_noise_span_length)
-    spans = min(spans, length - noise)       # every span needs a non-noise run before it
     noise_lengths = _segment(rng, noise, spans)
     keep_lengths = _segment(rng, length - noise, spans)
     runs = np.stack([keep_lengths, noise_lengths], axis=1).reshape(-1)
@@ -71,8 +71,7 @@ def corrupt(ids, *, vocab_size: int, noise_density: float = 0.15,
 
 def max_spans(n: int, noise_density: float = 0.15, mean_noise_span_length: float = 3.0) -> int:
     """The noise spans (so sentinels) a sequence of ``n`` tokens gets."""
-    noise, spans = _counts(max(n, 2), noise_density, mean_noise_span_length)
-    return min(spans, max(n, 2) - noise)
+    return _counts(max(n, 2), noise_density, mean_noise_span_length)[1]
 
 
 def lengths(inputs_length: int, noise_density: float = 0.15,
@@ -82,7 +81,6 @@ def lengths(inputs_length: int, noise_density: float = 0.15,
     512 -> (568, 114) at 0.15 / 3.0)."""
     def corrupted(n):        # the counts corrupt() makes (noise_mask's), plus each EOS
         noise, spans = _counts(max(n, 2), noise_density, mean_noise_span_length)
-        spans = min(spans, max(n, 2) - noise)
         return n - noise + spans + 1, noise + spans + 1
     n = 1
     while corrupted(n + 1)[0] <= inputs_length:

@@ -18,10 +18,11 @@ from typing import Iterable
 import sentencepiece as spm
 
 from switchzoo import atomic
+from switchzoo.data.span_corruption import NUM_SENTINELS
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 CACHE_NAME = "tokenizer.model"
-EXTRA_IDS = 100                     # = span_corruption.NUM_SENTINELS
+EXTRA_IDS = NUM_SENTINELS           # T5's "100extra"
 _SENTINEL = re.compile(r"<extra_id_(\d+)>")
 
 
