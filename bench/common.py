@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,26 @@ def machine() -> dict:
     devices = jax.devices()
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
             "jax": jax.__version__, "backend": jax.default_backend(),
-            "device_kind": devices[0].device_kind, "devices": len(devices)}
+            "device_kind": devices[0].device_kind, "devices": len(devices),
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), **source()}
+
+
+def source() -> dict:
+    """The commit the benchmark ran (and whether tracked files differed from it), so that a
+    published figure can be re-measured from the same tree."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"commit": None, "tree_clean": None}
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "tree_clean": dirty == ""}
 
 
 def best_of(fn, repeats: int = 5, warmup: int = 1) -> float:

@@ -133,45 +133,120 @@ def main(argv=None) -> dict:
         os.sched_setaffinity(0, allowed)      # callers in this process get their CPUs back
 
 
+class Pair:
+    """Both models with the same weights, one batch, and each side's training step."""
+
+    def __init__(self, args):
+        import jax
+        import numpy as np
+        import torch
+        from transformers import SwitchTransformersForConditionalGeneration
+
+        import switchzoo
+        from switchzoo import layout as layout_lib
+
+        self.args = args
+        B, L = args.batch, args.length
+        self.config = config = hf_config(args)
+        # ---- one set of weights: torch from a fixed seed -> safetensors -> switchzoo
+        torch.manual_seed(args.seed)
+        self.theirs = SwitchTransformersForConditionalGeneration(config)
+        with torch.no_grad():     # one input embedding, as in the published checkpoints
+            self.theirs.encoder.embed_tokens.weight.copy_(self.theirs.shared.weight)
+            self.theirs.decoder.embed_tokens.weight.copy_(self.theirs.shared.weight)
+        mesh = layout_lib.make_mesh("data:1", jax.devices()[:1])
+        self.layout = layout_lib.Layout.create("data_parallel", mesh)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.theirs.save_pretrained(tmp, safe_serialization=True)
+            self.ours = switchzoo.from_pretrained(tmp, mesh=mesh, layout="data_parallel")
+        self.cfg = self.ours.cfg
+        rng = np.random.default_rng(args.seed)
+        self.src = rng.integers(2, args.vocab, (B, L)).astype(np.int64)
+        self.tgt = rng.integers(2, args.vocab, (B, L)).astype(np.int64)
+        # shift right
+        self.dec_in = np.concatenate([np.zeros((B, 1), np.int64), self.tgt[:, :-1]], axis=1)
+        self.mask = np.ones_like(self.src)
+
+    def ours_train_step(self):
+        """A function running one switchzoo train step (forward + backward + AdamW) and
+        returning its metrics once done."""
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        from switchzoo import state as state_lib
+        from switchzoo import steps
+        B, L = self.src.shape
+        setup = state_lib.setup(self.cfg, self.layout, optimizer=state_lib.make_optimizer(
+            "adamw", 1e-3, warmup_steps=100), seed=self.args.seed)
+        # a copy, so donating the train state never touches the loaded model's buffers
+        holder = {"state": setup.state_from(jax.tree.map(jnp.copy, self.ours.params))}
+        step_fn = steps.make_train_step(setup)
+        batch = jax.device_put({"inputs": self.src.astype(np.int32),
+                                "targets": self.tgt.astype(np.int32),
+                                "weights": np.ones((B, L), np.float32)},
+                               state_lib.batch_shardings(self.layout))
+
+        def ours_step():
+            s, m = step_fn(holder["state"], batch)
+            holder["state"] = s
+            return jax.block_until_ready((s, m))[1]
+        ours_step.compiled = lambda: step_fn.lower(holder["state"], batch).compile()
+        return ours_step
+
+    def theirs_train_step(self, first_loss: dict | None = None, scopes: bool = False):
+        """One transformers train step (forward + backward + fused AdamW); the optimizer's
+        name is ``.optimizer`` of the returned function. ``first_loss`` receives the first
+        step's cross-entropy; ``scopes`` wraps the three phases in torch.profiler ranges."""
+        import contextlib
+
+        import torch
+        theirs, args = self.theirs, self.args
+        t_src, t_tgt = torch.tensor(self.src), torch.tensor(self.tgt)
+        t_mask = torch.tensor(self.mask)
+        theirs.train()
+        try:        # the fastest torch AdamW on CPU (one fused kernel per tensor group)
+            opt = torch.optim.AdamW(theirs.parameters(), lr=1e-3, betas=(0.9, 0.98),
+                                    weight_decay=0.0, fused=True)
+            name = "torch.optim.AdamW(fused=True)"
+        except (RuntimeError, TypeError):
+            opt = torch.optim.AdamW(theirs.parameters(), lr=1e-3, betas=(0.9, 0.98),
+                                    weight_decay=0.0)
+            name = "torch.optim.AdamW (default implementation)"
+        phase = (torch.profiler.record_function if scopes
+                 else lambda _: contextlib.nullcontext())
+
+        def theirs_step():
+            with phase("forward"):
+                out = theirs(input_ids=t_src, attention_mask=t_mask, labels=t_tgt,
+                             output_router_logits=True)
+            with phase("backward"):
+                out.loss.backward()
+            with phase("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if first_loss is not None and not first_loss:
+                first_loss["ce"] = float(torch.nn.functional.cross_entropy(
+                    out.logits.detach().reshape(-1, args.vocab), t_tgt.reshape(-1)))
+        theirs_step.optimizer = name
+        return theirs_step
+
+
 def run(args, threads: int, thread_note: str) -> dict:
     load_before = os.getloadavg()
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
     import torch
-    from transformers import SwitchTransformersForConditionalGeneration
-
-    import switchzoo
-    from switchzoo import layout as layout_lib
-    from switchzoo import state as state_lib
-    from switchzoo import steps
 
     torch.set_num_threads(threads)
     B, L, N = args.batch, args.length, args.new_tokens
-    config = hf_config(args)
-
-    # ---- one set of weights: torch from a fixed seed -> safetensors -> switchzoo
-    torch.manual_seed(args.seed)
-    theirs = SwitchTransformersForConditionalGeneration(config)
-    with torch.no_grad():     # one input embedding, as in the published checkpoints
-        theirs.encoder.embed_tokens.weight.copy_(theirs.shared.weight)
-        theirs.decoder.embed_tokens.weight.copy_(theirs.shared.weight)
-    mesh = layout_lib.make_mesh("data:1", jax.devices()[:1])
-    layout = layout_lib.Layout.create("data_parallel", mesh)
-    with tempfile.TemporaryDirectory() as tmp:
-        theirs.save_pretrained(tmp, safe_serialization=True)
-        ours = switchzoo.from_pretrained(tmp, mesh=mesh, layout="data_parallel")
-    cfg = ours.cfg
+    pair = Pair(args)
+    config, theirs, ours, cfg = pair.config, pair.theirs, pair.ours, pair.cfg
+    src, mask, dec_in = pair.src, pair.mask, pair.dec_in
     ours_params = sum(x.size for x in jax.tree.leaves(ours.params))
     theirs_params = sum(p.numel() for p in theirs.parameters())
-
-    rng = np.random.default_rng(args.seed)
-    src = rng.integers(2, args.vocab, (B, L)).astype(np.int64)
-    tgt = rng.integers(2, args.vocab, (B, L)).astype(np.int64)
-    dec_in = np.concatenate([np.zeros((B, 1), np.int64), tgt[:, :-1]], axis=1)   # shift right
-    mask = np.ones_like(src)
-    t_src, t_tgt, t_mask = torch.tensor(src), torch.tensor(tgt), torch.tensor(mask)
+    t_src, t_mask = torch.tensor(src), torch.tensor(mask)
 
     # ---- correctness: eval-mode logits on the same batch, and the same greedy tokens
     theirs.eval()
@@ -212,41 +287,10 @@ def run(args, threads: int, thread_note: str) -> dict:
         (lambda: ours_generate(1), lambda: theirs_generate(1)), decode_repeats, args.warmup)
 
     # ---- one training step: forward + backward + AdamW, fp32, dropout 0
-    setup = state_lib.setup(cfg, layout, optimizer=state_lib.make_optimizer(
-        "adamw", 1e-3, warmup_steps=100), seed=args.seed)
-    # a copy, so donating the train state never touches the loaded model's buffers
-    state = setup.state_from(jax.tree.map(jnp.copy, ours.params))
-    step_fn = steps.make_train_step(setup)
-    batch = jax.device_put({"inputs": src.astype(np.int32), "targets": tgt.astype(np.int32),
-                            "weights": np.ones((B, L), np.float32)},
-                           state_lib.batch_shardings(layout))
-    holder = {"state": state}
-
-    def ours_step():
-        s, m = step_fn(holder["state"], batch)
-        holder["state"] = s
-        return jax.block_until_ready((s, m))[1]
-
-    theirs.train()
-    try:        # the fastest torch AdamW on CPU (one fused kernel per tensor group)
-        opt = torch.optim.AdamW(theirs.parameters(), lr=1e-3, betas=(0.9, 0.98),
-                                weight_decay=0.0, fused=True)
-        adamw = "torch.optim.AdamW(fused=True)"
-    except (RuntimeError, TypeError):
-        opt = torch.optim.AdamW(theirs.parameters(), lr=1e-3, betas=(0.9, 0.98),
-                                weight_decay=0.0)
-        adamw = "torch.optim.AdamW (default implementation)"
+    ours_step = pair.ours_train_step()
     first_loss = {}
-
-    def theirs_step():
-        out = theirs(input_ids=t_src, attention_mask=t_mask, labels=t_tgt,
-                     output_router_logits=True)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if not first_loss:
-            first_loss["ce"] = float(torch.nn.functional.cross_entropy(
-                out.logits.detach().reshape(-1, args.vocab), t_tgt.reshape(-1)))
+    theirs_step = pair.theirs_train_step(first_loss)
+    adamw = theirs_step.optimizer
 
     start = time.perf_counter()
     first_metrics = jax.device_get(ours_step())

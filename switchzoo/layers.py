@@ -38,6 +38,7 @@ class Embed(nnx.Module):
     def __init__(self, vocab: int, d_model: int, rngs: nnx.Rngs):
         self.embedding = param(rngs, 1.0, (vocab, d_model), ("vocab", "d_model"))
 
+    @jax.named_scope("embed")
     def __call__(self, ids_BL, dtype):
         x_BLD = jnp.take(self.embedding[...], ids_BL, axis=0).astype(dtype)
         return constrain(x_BLD, ("batch", "length", "d_model"))
@@ -55,6 +56,7 @@ class RMSNorm(nnx.Module):
         self.scale = nnx.Param(jnp.ones((d_model,), jnp.float32), dims=("d_model",))
         self.eps = eps
 
+    @jax.named_scope("norm")
     def __call__(self, x_BLD):
         x = x_BLD.astype(jnp.float32)
         x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
@@ -88,6 +90,7 @@ class RelativePositionBias(nnx.Module):
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = bidirectional
 
+    @jax.named_scope("relpos_bias")
     def __call__(self, q_pos_BT, k_pos_BS):
         rel_BTS = k_pos_BS[:, None, :] - q_pos_BT[:, :, None]
         bucket_BTS = relpos_bucket(rel_BTS, self.bidirectional, self.num_buckets,
@@ -110,6 +113,7 @@ class Attention(nnx.Module):
     def __call__(self, x_BTD, kv_BSD, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None):
         return self.attend(x_BTD, *self.project_kv(kv_BSD), bias_BHTS, mask_BTS, rate, rng)
 
+    @jax.named_scope("attention")
     def project_kv(self, kv_BSD):
         """Keys and values [B, H, S, K] (what a decoding cache stores): heads-major, the layout
         the attention matmuls batch over, so a cached step reads them without a transpose."""
@@ -119,6 +123,7 @@ class Attention(nnx.Module):
         return (constrain(k_BHSK, ("batch", "heads", "length", "d_kv")),
                 constrain(v_BHSK, ("batch", "heads", "length", "d_kv")))
 
+    @jax.named_scope("attention")
     def attend(self, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None):
         dt = x_BTD.dtype
         q_BHTK = jnp.einsum("BTD,DHK->BHTK", x_BTD, self.q[...].astype(dt))
@@ -173,6 +178,7 @@ class Mlp(nnx.Module):
             setattr(self, name, value)
         self.rate = rate
 
+    @jax.named_scope("mlp")
     def __call__(self, x_BLD, rng=None):
         def project(x, w):          # [B, L, in] x [in, out]
             return jax.lax.dot_general(x, w.astype(x.dtype), (((2,), (0,)), ((), ())))

@@ -100,7 +100,8 @@ def train(config, workdir, print_fn=print) -> dict:
                 final = step == config.num_train_steps or stopping
                 saving = final or ckpt.manager.should_save(step)
                 if step % config.log_every_steps == 0 or saving:
-                    m = jax.device_get(m)
+                    # the loss describes the parameters before this step; the flag, after it
+                    m = {**jax.device_get(m), "params_finite": steps.params_finite(state.params)}
                     check_finite(step, m)            # never checkpoint a diverged state
                     last = metrics_lib.row(step, m, float(schedule(step - 1)),
                                            throughput.rate())

@@ -74,37 +74,42 @@ class SwitchFFN(nnx.Module):
 
         x_GND = constrain(x_BLD.reshape(G, N, D), ("groups", "group_size", "d_model"))
         # Routing is per token: keep it where the tokens are (the router weight is tiny).
-        logits_GNE = constrain(self.router(x_GND, cfg.jitter, jitter_rng),
-                               ("groups", "group_size", "experts"))
+        with jax.named_scope("routing"):
+            logits_GNE = constrain(self.router(x_GND, cfg.jitter, jitter_rng),
+                                   ("groups", "group_size", "experts"))
         valid_GN = None if valid_BL is None else valid_BL.reshape(G, N)
         if cfg.dispatch == "dropless" or (cfg.dispatch == "auto" and C == N and
                                           self._dropless_runs(x_BLD.shape)):
             # With room for every token (decoding: groups of one token), the einsum dispatch
             # would run every expert on every token; dropless computes the same sum, E x less.
             return self._dropless(x_BLD, logits_GNE, valid_GN, drop_rng)
-        r = route(logits_GNE, cfg.top_k, C, cfg.normalize_top_k, valid_GN)
-        # Pin the routing masks to the tokens' devices, so the partitioner moves tokens (one
-        # all-to-all each way) rather than masks.
-        mask_dims = ("groups", "group_size", "experts", "expert_capacity")
-        dispatch_GNEC = constrain(r.dispatch_GNEC.astype(dt), mask_dims)
-        combine_GNEC = constrain(r.combine_GNEC.astype(dt), mask_dims)
+        with jax.named_scope("routing"):
+            r = route(logits_GNE, cfg.top_k, C, cfg.normalize_top_k, valid_GN)
+            # Pin the routing masks to the tokens' devices, so the partitioner moves tokens
+            # (one all-to-all each way) rather than masks.
+            mask_dims = ("groups", "group_size", "experts", "expert_capacity")
+            dispatch_GNEC = constrain(r.dispatch_GNEC.astype(dt), mask_dims)
+            combine_GNEC = constrain(r.combine_GNEC.astype(dt), mask_dims)
 
         # Dispatch where the tokens are, then move the expert dim onto its axis: all-to-all.
-        x_EGCD = jnp.einsum("GND,GNEC->EGCD", x_GND, dispatch_GNEC)
-        x_EGCD = constrain(x_EGCD, (None, "groups", "expert_capacity", "d_model"))
-        x_EGCD = constrain(x_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
+        with jax.named_scope("dispatch"):
+            x_EGCD = jnp.einsum("GND,GNEC->EGCD", x_GND, dispatch_GNEC)
+            x_EGCD = constrain(x_EGCD, (None, "groups", "expert_capacity", "d_model"))
+            x_EGCD = constrain(x_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
 
         def project(x, w):          # per expert: [E, G, C, in] x [E, in, out]
             return jax.lax.dot_general(x, w.astype(dt), (((3,), (1,)), ((0,), (0,))))
 
-        y_EGCD = mlp(x_EGCD, ffn_weights(self), project,
-                     hidden=lambda h: constrain(h, ("experts", "groups", "expert_capacity",
-                                                    "d_ff")),
-                     dropout_fn=lambda h: dropout(h, cfg.expert_dropout, drop_rng))
-        y_EGCD = constrain(y_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
-        y_EGCD = constrain(y_EGCD, (None, "groups", "expert_capacity", "d_model"))
-        y_GND = jnp.einsum("EGCD,GNEC->GND", y_EGCD, combine_GNEC)
-        y_GND = constrain(y_GND, ("groups", "group_size", "d_model"))
+        with jax.named_scope("experts"):
+            y_EGCD = mlp(x_EGCD, ffn_weights(self), project,
+                         hidden=lambda h: constrain(h, ("experts", "groups", "expert_capacity",
+                                                        "d_ff")),
+                         dropout_fn=lambda h: dropout(h, cfg.expert_dropout, drop_rng))
+            y_EGCD = constrain(y_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
+        with jax.named_scope("combine"):
+            y_EGCD = constrain(y_EGCD, (None, "groups", "expert_capacity", "d_model"))
+            y_GND = jnp.einsum("EGCD,GNEC->GND", y_EGCD, combine_GNEC)
+            y_GND = constrain(y_GND, ("groups", "group_size", "d_model"))
         stats = {"aux_loss": r.aux_loss, "z_loss": r.z_loss, **r.metrics}
         return y_GND.reshape(B, L, D), stats
 

@@ -12,6 +12,7 @@ from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig
 
 
+@jax.named_scope("loss")
 def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: float = 0.0,
                  tokens=None, share: float = 1.0):
     """Cross-entropy (with optional label smoothing) + weighted aux and z losses.
@@ -37,8 +38,15 @@ def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: floa
     if cfg.moe is not None:
         loss = loss + share * (cfg.moe.aux_loss_weight * aux["aux_loss"]
                                + cfg.moe.z_loss_weight * aux["z_loss"])
-    accuracy = jnp.sum((jnp.argmax(logits_BLV, -1) == targets_BL) * weights_BL) / tokens
+    accuracy = jnp.sum(correct(logits_BLV, label_BL) * weights_BL) / tokens
     return loss, {"loss": loss, "cross_entropy": ce, "accuracy": accuracy, "tokens": own, **aux}
+
+
+def correct(logits_BLV, label_BL):
+    """Whether each target's logit is the largest (argmax = target, but a tie counts as
+    correct): one max-reduction, which XLA shares with the logsumexp's, where an argmax is a
+    separate (value, index) reduction over the whole [B, L, V] logits."""
+    return label_BL >= jnp.max(logits_BLV, axis=-1)
 
 
 def step_key(seed: int, step, micro=None):
@@ -76,8 +84,8 @@ def forward(model, cfg: ModelConfig, layout: layout_lib.Layout, batch, rng=None)
 
 
 def make_eval_step(s: state_lib.Setup):
-    """Jitted eval_step(params, batch) -> sums over the batch: nll, tokens, correct (argmax =
-    target), words, and the Switch metrics at the evaluation capacity factor."""
+    """Jitted eval_step(params, batch) -> sums over the batch: nll, tokens, correct (see
+    ``correct``), words, and the Switch metrics at the evaluation capacity factor."""
     graphdef, cfg, layout = s.graphdef, s.cfg, s.layout
 
     def eval_step(params, batch):
@@ -85,7 +93,7 @@ def make_eval_step(s: state_lib.Setup):
         weights_BL = batch["weights"].astype(jnp.float32)
         logp_BLV = jax.nn.log_softmax(logits_BLV, axis=-1)
         nll_BL = -jnp.take_along_axis(logp_BLV, batch["targets"][..., None], -1)[..., 0]
-        correct_BL = jnp.argmax(logits_BLV, axis=-1) == batch["targets"]
+        correct_BL = correct(logp_BLV, -nll_BL)
         out = {"nll": jnp.sum(nll_BL * weights_BL), "tokens": jnp.sum(weights_BL),
                "correct": jnp.sum(correct_BL * weights_BL),
                "words": jnp.sum(batch.get("num_words", jnp.zeros((1,), jnp.int32)))}
@@ -152,15 +160,31 @@ def make_train_step(s: state_lib.Setup, label_smoothing: float = 0.0, accumulate
             # batch's already; the routing metrics become their mean.
             summed = ("loss", "cross_entropy", "accuracy", "tokens")
             metrics = {k: v if k in summed else v / accumulate for k, v in metrics.items()}
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        # The loss describes the parameters before this update; this flag, the ones after it.
-        metrics["params_finite"] = jnp.all(jnp.stack(
-            [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
+        with jax.named_scope("optimizer"):
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
         return state_lib.TrainState(state.step + 1, params, opt_state), metrics
 
     return jax.jit(train_step, in_shardings=(s.shardings, state_lib.batch_shardings(layout)),
-                   out_shardings=(s.shardings, layout.replicated()), donate_argnums=0)
+                   out_shardings=(s.shardings, layout.replicated()), donate_argnums=0,
+                   compiler_options=compiler_options())
+
+
+def compiler_options() -> dict:
+    """XLA options of the train step. On CPU, copy insertion by region analysis: without it
+    XLA:CPU copies every weight that the update writes in place (the donated buffer) but the
+    backward pass also reads, about half of all parameters on every step."""
+    if jax.default_backend() == "cpu":
+        return {"xla_cpu_copy_insertion_use_region_analysis": True}
+    return {}
+
+
+@jax.jit
+def params_finite(params):
+    """Whether every parameter is finite: one pass over all of them, so the trainer runs it
+    only where it checks a step (log and checkpoint steps), not inside every train step."""
+    with jax.named_scope("checks"):
+        return jnp.all(jnp.stack([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
 
 
 def global_batch(batch: dict, layout: layout_lib.Layout) -> dict:

@@ -80,6 +80,27 @@ class Stack(nnx.Module):
 
         With a cache (decoding), the tokens are the next ones after ``index`` cached positions;
         each attends to every valid cached position at or before its own."""
+        with jax.named_scope("masks"):
+            mask_BTS, cross_mask_BTS, k_pos_BS, cache = self._masks(
+                x_BTD, positions_BT, segments_BT, enc_segments_BS, cache, index)
+        bias_BHTS = self.relpos(positions_BT, k_pos_BS)
+        r_in, r_out, *r_layers = split(rng, len(self.layers) + 2)
+        x_BTD = dropout(x_BTD, self.cfg.dropout, r_in)
+        stats, layer_caches = [], []
+        for i, (layer, r) in enumerate(zip(self.layers, r_layers)):
+            x_BTD, s, c = layer(x_BTD, bias_BHTS, mask_BTS, enc_BSD, cross_mask_BTS, r,
+                                segments_BT != 0, None if cache is None else cache["layers"][i],
+                                index)
+            layer_caches.append(c)
+            if s:
+                stats.append(s)
+        if cache is not None:
+            cache = {**cache, "layers": layer_caches}
+        return dropout(self.final_norm(x_BTD), self.cfg.dropout, r_out), stats, cache
+
+    def _masks(self, x_BTD, positions_BT, segments_BT, enc_segments_BS, cache, index):
+        """Self- and cross-attention masks [B, T, S] and the key positions (with a cache, its
+        updated ``valid``), computed once per stack for all its layers."""
         T = x_BTD.shape[1]
         if cache is None:
             k_pos_BS, k_seg_BS = positions_BT, segments_BT
@@ -95,20 +116,7 @@ class Stack(nnx.Module):
         if enc_segments_BS is not None:
             cross_mask_BTS = ((segments_BT[:, :, None] == enc_segments_BS[:, None, :])
                               & (enc_segments_BS[:, None, :] != 0))
-        bias_BHTS = self.relpos(positions_BT, k_pos_BS)
-        r_in, r_out, *r_layers = split(rng, len(self.layers) + 2)
-        x_BTD = dropout(x_BTD, self.cfg.dropout, r_in)
-        stats, layer_caches = [], []
-        for i, (layer, r) in enumerate(zip(self.layers, r_layers)):
-            x_BTD, s, c = layer(x_BTD, bias_BHTS, mask_BTS, enc_BSD, cross_mask_BTS, r,
-                                segments_BT != 0, None if cache is None else cache["layers"][i],
-                                index)
-            layer_caches.append(c)
-            if s:
-                stats.append(s)
-        if cache is not None:
-            cache = {**cache, "layers": layer_caches}
-        return dropout(self.final_norm(x_BTD), self.cfg.dropout, r_out), stats, cache
+        return mask_BTS, cross_mask_BTS, k_pos_BS, cache
 
     def init_cache(self, batch: int, max_length: int, enc_BSD=None, dtype=jnp.float32) -> dict:
         """An empty decoding cache (with the cross-attention keys/values of ``enc_BSD``)."""
@@ -141,6 +149,7 @@ class _Head(nnx.Module):
             self.lm_head = param(rngs, cfg.d_model ** -0.5, (cfg.d_model, cfg.vocab_size),
                                  ("d_model", "vocab"))
 
+    @jax.named_scope("logits")
     def _logits(self, x_BLD):
         if self.cfg.tie_embeddings:
             logits_BLV = self.embed.attend(x_BLD * self.cfg.d_model ** -0.5)
