@@ -6,7 +6,7 @@
 
 The command lives in switchzoo/commands/eval.py (installed as ``switchzoo-eval``).
 """
-from switchzoo.commands import eval as eval_command
+from switchzoo import cli
 
 if __name__ == "__main__":
-    eval_command.run()
+    cli.evaluate()

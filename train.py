@@ -4,7 +4,7 @@
 
 The command lives in switchzoo/commands/train.py (installed as ``switchzoo-train``).
 """
-from switchzoo.commands import train
+from switchzoo import cli
 
 if __name__ == "__main__":
-    train.run()
+    cli.train()

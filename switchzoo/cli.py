@@ -9,6 +9,63 @@ import sys
 from absl import flags
 
 
+HUGE_PAGES = "glibc.malloc.hugetlb=1"
+
+
+def huge_pages_env(environ, thp_mode: str, libc: tuple[str, str]) -> dict | None:
+    """The environment to re-run this process in so that glibc's malloc asks for transparent
+    huge pages, or None where that changes nothing or the user said no.
+
+    XLA:CPU allocates each step's temporaries afresh, and glibc serves allocations this large
+    with new mmaps: every step touched ~36,000 fresh 4 KiB pages at the peer bench's config
+    (docs/benchmarks.md), ~15% of a 1-thread step. With the tunable, malloc madvises huge
+    pages (~110 faults per step). glibc reads tunables only at start-up, hence a re-run. Only
+    where the kernel's THP mode is ``madvise`` (``always`` needs no help, ``never`` allows
+    none), glibc >= 2.35 (the tunable's first release), and SWITCHZOO_HUGE_PAGES is not 0."""
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if environ.get("SWITCHZOO_HUGE_PAGES", "1") == "0" or "glibc.malloc.hugetlb" in tunables:
+        return None
+    name, version = libc
+    try:
+        new_enough = name == "glibc" and tuple(map(int, version.split(".")[:2])) >= (2, 35)
+    except ValueError:
+        new_enough = False
+    if "[madvise]" not in thp_mode or not new_enough:
+        return None
+    return {**environ, "GLIBC_TUNABLES": ":".join(filter(None, [tunables, HUGE_PAGES]))}
+
+
+def use_huge_pages() -> None:
+    """Re-runs this command (same interpreter, same arguments) with huge_pages_env's
+    environment, before anything is allocated; a no-op where it returns None."""
+    import platform
+    if sys.platform != "linux":
+        return
+    try:
+        mode = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return
+    env = huge_pages_env(os.environ, mode, platform.libc_ver())
+    if env is not None and sys.argv and pathlib.Path(sys.argv[0]).is_file():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+def train() -> None:
+    """The ``switchzoo-train`` / train.py entry: huge pages first, then the command."""
+    use_huge_pages()
+    from switchzoo.commands import train as command
+    command.run()
+
+
+def evaluate() -> None:
+    """The ``switchzoo-eval`` / eval.py entry."""
+    use_huge_pages()
+    from switchzoo.commands import eval as command
+    command.run()
+
+
 def one_line(e: BaseException) -> str:
     text = str(e.args[0] if e.args else e)
     if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":    # a repr'd message
