@@ -48,6 +48,18 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
+def goals(by_threads: dict) -> dict:
+    """peer.py's goals, judged on each thread setting's median."""
+    from peer import DECODE_GOAL, TRAIN_GOAL
+    out = {}
+    for threads, row in by_threads.items():
+        for key, goal in zip(RATIOS, (TRAIN_GOAL, DECODE_GOAL)):
+            value = row[key]["median"]
+            out[f"{key}_{threads}_threads_median"] = {"value": value, "goal": f">= {goal}",
+                                                      "met": value >= goal}
+    return out
+
+
 def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--runs", type=int, default=3, help="runs per thread setting")
@@ -82,6 +94,7 @@ def main(argv=None) -> dict:
                                                                  args.env)},
               "peer_flags": peer_args, "machine": runs[0]["machine"],
               "config": runs[0]["config"], "by_threads": summarise(runs), "runs": runs}
+    result["goals"] = goals(result["by_threads"])
     emit(result, args.out)
     return result
 

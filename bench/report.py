@@ -113,7 +113,40 @@ def decode_section(r: dict) -> list[str]:
     return lines + [""]
 
 
+def peer_series_section(r: dict) -> list[str]:
+    """bench/peer_series.py: each ratio's median (min-max) over fresh-process runs."""
+    c, run = r["config"], r["runs"][0]
+    src = r["source"]
+    lines = ["### Against transformers (`bench/peer_series.py`: `bench/peer.py` in fresh "
+             "processes, thread settings alternating)", "",
+             f"The same weights (a `SwitchTransformersConfig`: d_model {c['d_model']}, d_ff "
+             f"{c['d_ff']}, {c['encoder_layers']}+{c['decoder_layers']} layers, "
+             f"{c['num_experts']} experts in every other FFN, capacity {c['expert_capacity']} "
+             f"per sequence, vocab {c['vocab_size']}), batch {c['batch']} x {c['length']}; "
+             f"transformers {run['transformers'].get('transformers', '')}, torch "
+             f"{run['transformers'].get('torch', '')}. Commit `{(src['commit'] or '?')[:7]}` "
+             f"(tree clean: {src['tree_clean']}); environment {r['env'] or 'as is'}.", "",
+             "| threads | runs | train ratio, median (min-max) | decode ratio, median (min-max) "
+             "| switchzoo train tok/s | transformers train tok/s | ms per further token "
+             "(switchzoo / transformers) | load at start |", "|---|---|---|---|---|---|---|---|"]
+    for threads, row in r["by_threads"].items():
+        tr = row["train_tokens_per_s_over_transformers"]
+        de = row["decode_tokens_per_s_over_transformers"]
+        ours, theirs = row["switchzoo"], row["transformers"]
+        lines.append(
+            f"| {threads} | {len(tr['runs'])} | **{tr['median']}** ({tr['min']}-{tr['max']}) | "
+            f"**{de['median']}** ({de['min']}-{de['max']}) | "
+            f"{ours['train_tokens_per_s']['median']:,.0f} | "
+            f"{theirs['train_tokens_per_s']['median']:,.0f} | "
+            f"{ours['decode_per_further_token_ms']['median']} / "
+            f"{theirs['decode_per_further_token_ms']['median']} | "
+            f"{', '.join(map(str, row['load_average_1min_at_start']))} |")
+    return lines + [""]
+
+
 def peer_section(r: dict, figures: Path) -> list[str]:
+    if "by_threads" in r:
+        return peer_series_section(r)
     c, ours, theirs = r["config"], r["switchzoo"], r["transformers"]
     lines = ["### Against transformers (`bench/peer.py`)", "",
              f"The same weights (a `SwitchTransformersConfig`: d_model {c['d_model']}, d_ff "

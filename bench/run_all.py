@@ -19,7 +19,7 @@ BENCHES = {
                                         "--compiles", "1"]),
     "memory": ("memory.py", [], ["--tokens", "2048", "--d-model", "256"]),
     "pipeline": ("pipeline.py", [], ["--seconds", "3", "--max-pairs", "4000"]),
-    "peer": ("peer.py", [], ["--quick"]),
+    "peer": ("peer_series.py", [], ["--runs", "1", "--", "--quick"]),
     "decode": ("decode.py", [], ["--new", "16"]),
     "pod": ("pod.py", [], ["--cases", "switch_tiny:8", "--length", "32"]),
 }

@@ -6,7 +6,8 @@ The peer config of bench/peer.py (same weights, same batch). switchzoo's step is
 jax.profiler and every executed XLA op (thunk) is attributed through its HLO ``op_name``: the
 phase (``jvp(...)`` forward, ``transpose(jvp(...))`` backward, else the update) and the model
 part from switchzoo's named scopes (attention, relpos_bias, masks, norm, mlp, routing, dispatch,
-experts, combine, embed, logits, loss, optimizer, checks). transformers' step is profiled with
+experts, combine, embed, logits, loss, optimizer, checks; "weight layout": copies of weights
+into the layout their matmuls read). transformers' step is profiled with
 torch.profiler, its three phases in record_function ranges; every leaf op's self time is put in
 the same kinds (matmul, copy/layout, elementwise and reductions, optimizer). Time not inside any
 op (the executor's own work between ops, Python) is its own row, so each side sums to its
@@ -73,6 +74,8 @@ def classify(name: str, op: tuple | None) -> tuple[str, str, str]:
         kind = "elementwise/reduce"
     if part in ("optimizer", "checks"):
         phase = "update"
+    elif op_name.startswith("state."):      # a weight put in the layout its matmuls read
+        phase, part = "forward", "weight layout"
     return phase, part, kind
 
 

@@ -22,9 +22,15 @@ def peer():
         sys.path.remove(str(BENCH))
 
 
-def test_peer_bench_compares_the_same_computation(peer, tmp_path):
-    result = peer.main(TINY + ["--out", str(tmp_path / "peer.json")])
-    assert (tmp_path / "peer.json").is_file()
+@pytest.fixture(scope="module")
+def result(peer, tmp_path_factory):
+    out = tmp_path_factory.mktemp("peer") / "peer.json"
+    result = peer.main(TINY + ["--out", str(out)])
+    assert out.is_file()
+    return result
+
+
+def test_peer_bench_compares_the_same_computation(result):
     check = result["correctness"]
     assert check["max_abs_logit_diff"] < 1e-3 and check["ok"]
     assert check["same_parameter_count"] and check["greedy_tokens_equal"]
@@ -40,3 +46,59 @@ def test_peer_bench_compares_the_same_computation(peer, tmp_path):
     assert (config["batch"], config["length"], config["new_tokens"]) == (2, 8, 3)
     assert config["expert_capacity"] == math.ceil(1.25 * 8 / 4)
     assert result["threads"] >= 1
+    assert result["machine"]["commit"] and result["machine"]["tree_clean"] in (True, False)
+
+
+def test_series_medians_and_report(peer, result):
+    """bench/peer_series.py's summary of runs (copies of the real run with other ratios and
+    thread counts): median, min and max per thread setting, goals judged on the median, and
+    report.py's table of it."""
+    import copy
+
+    import peer_series
+    import report
+    runs = []
+    for threads, ratios in ((2, (0.9, 1.2, 0.8)), (1, (0.7, 0.75, 0.72))):
+        for value in ratios:
+            run = copy.deepcopy(result)
+            run["threads"] = threads
+            run["goals"]["train_tokens_per_s_over_transformers"]["value"] = value
+            runs.append(run)
+    by = peer_series.summarise(runs)
+    assert list(by) == ["2", "1"]
+    assert by["2"]["train_tokens_per_s_over_transformers"] == {
+        "median": 0.9, "min": 0.8, "max": 1.2, "runs": [0.9, 1.2, 0.8]}
+    assert by["1"]["train_tokens_per_s_over_transformers"]["median"] == 0.72
+    goals = peer_series.goals(by)
+    assert goals["train_tokens_per_s_over_transformers_2_threads_median"] == {
+        "value": 0.9, "goal": ">= 1.5", "met": False}
+    series = {"config": result["config"], "runs": runs, "by_threads": by, "env": {},
+              "source": {"commit": "abcdef0123", "tree_clean": True}}
+    table = "\n".join(report.peer_section(series, None))
+    assert "**0.9** (0.8-1.2)" in table and "**0.72** (0.7-0.75)" in table
+    assert "`abcdef0`" in table
+
+
+def test_step_profile_attributes_every_op(peer):
+    """bench/step_profile.py at toy size: both sides profiled, switchzoo's ops attributed to
+    the model's named scopes, each side's rows summing to its op time."""
+    import step_profile
+    r = step_profile.main(TINY + ["--steps", "2"])
+    ours, theirs = r["switchzoo"], r["transformers"]
+    parts = {row["part"] for row in ours["rows"]}
+    assert {"attention", "experts", "routing", "optimizer", "logits", "loss"} <= parts
+    phases = {row["phase"] for row in ours["rows"]}
+    assert {"forward", "backward", "update"} <= phases
+    for side in (ours, theirs):
+        assert side["step_ms"] > 0 and side["ops_per_step"] > 0
+        assert abs(sum(row["ms"] for row in side["rows"]) - side["ops_ms"]) < 0.1 + 0.01 * len(
+            side["rows"])
+    assert {"matmul", "optimizer"} <= {row["kind"] for row in theirs["rows"]}
+    assert "| **step** |" in r["table"]
+    assert step_profile.classify("x", ("fusion", "jit(f)/transpose(jvp(experts))/dot", True)) \
+        == ("backward", "experts", "matmul")
+    assert step_profile.classify("copy.3", ("copy", "jit(f)/jvp(attention)/t", False)) \
+        == ("forward", "attention", "copy/layout")
+    assert step_profile.classify("copy_bitcast_fusion.2", ("fusion", "state.params['q']",
+                                                           False))[:2] == ("forward",
+                                                                           "weight layout")
