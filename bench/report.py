@@ -211,8 +211,11 @@ def main():
     figures = Path(args.doc).parent / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     m = next(iter(results.values()))["machine"]
+    commits = ", ".join(f"{name} `{(r.get('machine', {}).get('commit') or '?')[:7]}`"
+                        for name, r in results.items())
     lines = [START, "", f"Machine: {m['cpu']}, {m['cores']} cores, {m['backend']} backend, "
-             f"JAX {m['jax']}, Python {m['python']}.", "", "#### Every goal", "",
+             f"JAX {m['jax']}, Python {m['python']}. Commit of each result: {commits}.", "",
+             "#### Every goal", "",
              *goals_table(results), ""]
     sections = {"train_step": lambda r: train_step_section(r, figures),
                 "memory": lambda r: memory_section(r, figures),
