@@ -125,7 +125,9 @@ def peer_series_section(r: dict) -> list[str]:
              f"per sequence, vocab {c['vocab_size']}), batch {c['batch']} x {c['length']}; "
              f"transformers {run['transformers'].get('transformers', '')}, torch "
              f"{run['transformers'].get('torch', '')}. Commit `{(src['commit'] or '?')[:7]}` "
-             f"(tree clean: {src['tree_clean']}); environment {r['env'] or 'as is'}.", "",
+             f"(tree clean: {src['tree_clean']}); environment {r['env'] or 'as is'}; logits "
+             f"and greedy tokens agree in every run: "
+             f"{all(row['correct'] for row in r['by_threads'].values())}.", "",
              "| threads | runs | train ratio, median (min-max) | decode ratio, median (min-max) "
              "| switchzoo train tok/s | transformers train tok/s | ms per further token "
              "(switchzoo / transformers) | load at start |", "|---|---|---|---|---|---|---|---|"]

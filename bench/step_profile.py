@@ -6,7 +6,7 @@ The peer config of bench/peer.py (same weights, same batch). switchzoo's step is
 jax.profiler and every executed XLA op (thunk) is attributed through its HLO ``op_name``: the
 phase (``jvp(...)`` forward, ``transpose(jvp(...))`` backward, else the update) and the model
 part from switchzoo's named scopes (attention, relpos_bias, masks, norm, mlp, routing, dispatch,
-experts, combine, embed, logits, loss, optimizer, checks; "weight layout": copies of weights
+experts, combine, embed, logits, loss, optimizer; "weight layout": copies of weights
 into the layout their matmuls read). transformers' step is profiled with
 torch.profiler, its three phases in record_function ranges; every leaf op's self time is put in
 the same kinds (matmul, copy/layout, elementwise and reductions, optimizer). Time not inside any

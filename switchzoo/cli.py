@@ -1,4 +1,6 @@
-"""What train.py and eval.py share: bad flags and bad input as one-line errors, exit code 2."""
+"""What train.py and eval.py share: their entry points (which first re-run the process with
+glibc's huge-page tunable, see huge_pages_env), bad flags and bad input as one-line errors,
+exit code 2."""
 from __future__ import annotations
 
 import importlib.resources
@@ -18,7 +20,7 @@ def huge_pages_env(environ, thp_mode: str, libc: tuple[str, str]) -> dict | None
 
     XLA:CPU allocates each step's temporaries afresh, and glibc serves allocations this large
     with new mmaps: every step touched ~36,000 fresh 4 KiB pages at the peer bench's config
-    (docs/benchmarks.md), ~15% of a 1-thread step. With the tunable, malloc madvises huge
+    (docs/benchmarks.md), 5-15% of a step. With the tunable, malloc madvises huge
     pages (~110 faults per step). glibc reads tunables only at start-up, hence a re-run. Only
     where the kernel's THP mode is ``madvise`` (``always`` needs no help, ``never`` allows
     none), glibc >= 2.35 (the tunable's first release), and SWITCHZOO_HUGE_PAGES is not 0."""
@@ -35,21 +37,28 @@ def huge_pages_env(environ, thp_mode: str, libc: tuple[str, str]) -> dict | None
     return {**environ, "GLIBC_TUNABLES": ":".join(filter(None, [tunables, HUGE_PAGES]))}
 
 
-def use_huge_pages() -> None:
-    """Re-runs this command (same interpreter, same arguments) with huge_pages_env's
-    environment, before anything is allocated; a no-op where it returns None."""
+THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def use_huge_pages(thp_mode: str = THP_MODE) -> None:
+    """Re-runs this command (same interpreter, its options such as ``-u`` and the same
+    arguments) with huge_pages_env's environment, before anything is allocated; a no-op where
+    that returns None, and where the re-run cannot start (the command then goes on as is)."""
     import platform
     if sys.platform != "linux":
         return
     try:
-        mode = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+        mode = pathlib.Path(thp_mode).read_text()
     except OSError:
         return
     env = huge_pages_env(os.environ, mode, platform.libc_ver())
     if env is not None and sys.argv and pathlib.Path(sys.argv[0]).is_file():
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+        try:
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+        except OSError:
+            return
 
 
 def train() -> None:

@@ -1,9 +1,10 @@
 """train.py / eval.py re-run themselves with glibc's huge-page tunable (switchzoo.cli)."""
 import os
-import pathlib
 import platform
 import subprocess
 import sys
+
+import pytest
 
 from switchzoo import cli
 
@@ -26,21 +27,27 @@ def test_env_only_where_it_helps():
         assert cli.huge_pages_env(environ, mode, libc) is None
 
 
-def test_reexec_sets_the_tunable(tmp_path):
-    """A script calling use_huge_pages() sees the tunable in its environment afterwards (where
-    this machine allows it) and keeps its arguments."""
+@pytest.mark.parametrize("mode", [MADVISE, "[always] madvise never\n"])
+def test_the_command_reruns_itself_with_its_options_and_arguments(tmp_path, mode):
+    """A script calling use_huge_pages() (THP mode read from a file the test writes) runs
+    again with the tunable where the mode is madvise, keeping python's -u and its arguments;
+    where the mode needs no help it runs once, unchanged."""
+    libc, version = platform.libc_ver()
+    if sys.platform != "linux" or cli.huge_pages_env({}, MADVISE, (libc, version)) is None:
+        pytest.fail(f"this test needs Linux with glibc >= 2.35 (here: {sys.platform}, "
+                    f"{libc} {version})")
+    thp = tmp_path / "enabled"
+    thp.write_text(mode)
     script = tmp_path / "show.py"
-    script.write_text("import os, sys\nfrom switchzoo import cli\ncli.use_huge_pages()\n"
-                      "print(os.environ.get('GLIBC_TUNABLES', ''), sys.argv[1:])\n")
+    script.write_text(
+        "import os, sys\nprint('start', flush=True)\nfrom switchzoo import cli\n"
+        f"cli.use_huge_pages({str(thp)!r})\n"
+        "print(os.environ.get('GLIBC_TUNABLES', ''), '-u' in sys.orig_argv, sys.argv[1:])\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("GLIBC_TUNABLES", "SWITCHZOO_HUGE_PAGES")}
-    out = subprocess.run([sys.executable, str(script), "--x=1"], env=env, check=True,
-                         capture_output=True, text=True).stdout.strip()
-    try:
-        mode = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        mode = ""
-    expected = cli.huge_pages_env(env, mode, platform.libc_ver()) if sys.platform == "linux" \
-        else None
-    want = expected["GLIBC_TUNABLES"] if expected else ""
-    assert out == f"{want} ['--x=1']"
+    out = subprocess.run([sys.executable, "-u", str(script), "--x=1"], env=env, check=True,
+                         capture_output=True, text=True).stdout.splitlines()
+    if mode == MADVISE:
+        assert out == ["start", "start", f"{cli.HUGE_PAGES} True ['--x=1']"]
+    else:
+        assert out == ["start", " True ['--x=1']"]

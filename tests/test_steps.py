@@ -72,3 +72,17 @@ def test_strided_micro_batches_span_every_device_and_move_no_data():
 def test_a_batch_the_micro_batches_do_not_divide_is_refused():
     with pytest.raises(ValueError, match="grad_accum_steps=3 does not divide the batch of 16"):
         steps.micro_batches(BATCH, 3)
+
+
+def test_accuracy_is_argmax_without_an_argmax():
+    """steps.correct = (argmax == target), ties resolved as argmax does (the first maximum),
+    on logits quantised so that ties are everywhere, as bfloat16 logits make them."""
+    rng = np.random.default_rng(0)
+    logits = np.round(rng.normal(size=(4, 16, 50)) * 2) / 2          # many equal values
+    logits[0, 0] = 1.0                                                # every logit tied
+    targets = rng.integers(0, 50, (4, 16))
+    targets[1] = logits[1].argmax(-1)                                 # some certainly right
+    label = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    got = np.asarray(steps.correct(logits, label, targets))
+    np.testing.assert_array_equal(got, logits.argmax(-1) == targets)
+    assert got[1].all() and got.sum() < got.size

@@ -5,6 +5,10 @@
     python eval.py --workdir=DIR --checkpoint=HF_DIR --config=configs/wmt.py
     python eval.py --table=switch_table1 --runs=DIR1,DIR2,...
     switchzoo-eval ...                                # the same, from an installed package
+
+The entry points (the script and the installed command) call switchzoo.cli.evaluate, which first
+re-runs the process with glibc's huge-page tunable (switchzoo.cli.huge_pages_env);
+``python -m`` on this module skips that.
 """
 import pathlib
 

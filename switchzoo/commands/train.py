@@ -6,6 +6,10 @@
 
 ``--config=configs/NAME.py`` is the file in this directory when there is one, else the copy
 installed with the package (switchzoo.configs).
+
+The entry points (the script and the installed command) call switchzoo.cli.train, which first
+re-runs the process with glibc's huge-page tunable (switchzoo.cli.huge_pages_env);
+``python -m`` on this module skips that.
 """
 import sys
 
