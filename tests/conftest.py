@@ -19,6 +19,11 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     tempfile.gettempdir(),
     f"switchzoo-test-jax-cache-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# The train.py / eval.py processes the tests start run once, without re-running themselves for
+# glibc's huge pages (a second interpreter start per process, and THP compaction on the many
+# short, memory-heavy processes of the multi-process and kill/resume tests: ~25 s of the suite
+# here). tests/test_huge_pages.py tests the re-run itself with the variable removed.
+os.environ.setdefault("SWITCHZOO_HUGE_PAGES", "0")
 
 import jax  # noqa: E402
 
