@@ -30,16 +30,3 @@ import jax  # noqa: E402
 assert jax.device_count() == 8, "tests need 8 simulated devices: set XLA_FLAGS before jax loads"
 
 
-
-# The modules whose tests take 20-60 s each (the multi-process, kill/resume, install and
-# end-to-end runs) go first: under `-n 2 --dist worksteal` a long test that starts last keeps
-# one worker busy after the other has finished; started first, the short tests fill in around
-# them.
-LONG_FIRST = ("test_multiprocess.py", "test_reliability.py", "test_end_to_end.py",
-              "test_install.py", "test_bench.py", "test_zoo.py", "test_mesh_equivalence.py",
-              "test_train.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))    # stable: order kept
