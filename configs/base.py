@@ -28,6 +28,8 @@ def get_base() -> ml_collections.ConfigDict:
     c.label_smoothing = 0.0
     c.dropout = 0.1
     c.dtype = "float32"                   # activations; "bfloat16" keeps params and router f32
+    c.scan_layers = False                 # scan each stack's repeating (dense, sparse) group
+    c.remat = "none"                      # rematerialise each block: none | full | dots
     c.shard_optimizer_over_data = False   # weight-update sharding (arXiv 2004.13336)
     c.init_from = ""                      # a Hugging Face directory to fine-tune from
     c.moe = ml_collections.ConfigDict()   # overrides of the catalogue's routing (None: keep)

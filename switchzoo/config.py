@@ -4,6 +4,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+# Rematerialisation of each block (and of each scanned group of blocks) in the backward pass,
+# named after the jax.checkpoint policy each stands for (switchzoo.transformer.REMAT_POLICIES).
+REMAT = ("none", "full", "dots")
+
 
 @dataclasses.dataclass(frozen=True)
 class MoeConfig:
@@ -89,11 +93,20 @@ class ModelConfig:
     tie_embeddings: bool = True          # tied output layer, logits scaled by d_model**-0.5
     dtype: str = "float32"               # activation dtype; params and router stay float32
     moe: MoeConfig | None = None
+    # Execution, not architecture: the same weights compute the same function either way.
+    # scan_layers: each stack runs as a lax.scan over its repeating group of layers (e.g. a
+    # (dense, sparse) pair), parameters stacked along a leading 'layers' dim, so compile time
+    # and program size stay flat in depth (transformer.stack_layers converts a checkpoint).
+    scan_layers: bool = False
+    remat: str = "none"                  # one of REMAT
 
     def __post_init__(self):
         if self.activation not in ("relu", "gated-gelu"):
             raise ValueError(f"activation '{self.activation}' is not supported; use 'relu' or "
                              "'gated-gelu'")
+        if self.remat not in REMAT:
+            raise ValueError(f"remat={self.remat!r} is not a rematerialisation policy; use one "
+                             f"of {', '.join(REMAT)}")
 
     @property
     def is_encoder_decoder(self) -> bool:

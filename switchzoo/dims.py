@@ -22,6 +22,8 @@ VOCABULARY: dict[str, tuple[str, str]] = {
     "picks": ("P", "experts picked per token (the k of top-k routing)"),
     "assignments": ("A", "(token, picked expert) pairs of dropless dispatch"),
     "beams": ("W", "hypotheses kept per example in beam search (its width)"),
+    "layers": ("Z", "layers of a scanned stack: the leading dim of its stacked parameters "
+                    "(never sharded: the scan runs every layer on every device)"),
 }
 
 # Where both occur, these letters stand for the length of the source and of the target.

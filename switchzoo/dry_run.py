@@ -10,7 +10,9 @@ span_corruption.lengths (114 for 512), with the packing fields the pipeline feed
 vocabulary is data.vocab_size plus the 100 sentinel ids (the catalogue rounds it to 128s), or
 the vocab_path model's; with init_from, the Hugging Face checkpoint's model. Numbers are
 XLA:CPU's for the per-device program (see switchzoo/inspector.py); float32 or bfloat16
-activations as the config says.
+activations, scanned or unrolled layers and rematerialisation as the config says
+(``--config.dtype=bfloat16 --config.scan_layers=true --config.remat=full``: the paper's
+bfloat16 and bench/pod.py's settings; docs/benchmarks.md has what fits 16 GiB per core).
 """
 from __future__ import annotations
 
@@ -102,14 +104,16 @@ def run(config, print_fn=print) -> dict:
               "mesh": {k: int(v) for k, v in layout.mesh.shape.items()}, "layout": layout.text,
               "batch": {k: list(v.shape) for k, v in batch.items()
                         if k in ("inputs", "targets")},
-              "dtype": config.dtype, "optimizer": config.optimizer, "params": int(params),
+              "dtype": config.dtype, "scan_layers": config.scan_layers, "remat": config.remat,
+              "optimizer": config.optimizer, "params": int(params),
               "compile_seconds": round(seconds, 1), "memory": memory,
               "collectives": inspector.count_collectives(compiled.as_text())}
     gib = 2 ** 30
     peak = memory.get("peak_estimate_bytes")
     print_fn(f"dry run: {config.model} ({params:,} parameters), task {config.task}, mesh "
              f"{report['mesh']}, layout {layout.text}, batch inputs {report['batch']['inputs']} "
-             f"targets {report['batch']['targets']}, {config.dtype}, {config.optimizer}")
+             f"targets {report['batch']['targets']}, {config.dtype}, {config.optimizer}, "
+             f"{'scanned' if config.scan_layers else 'unrolled'} layers, remat {config.remat}")
     print_fn(f"compiled in {seconds:.1f} s; per device: arguments "
              f"{memory.get('argument_bytes', 0) / gib:.2f} GiB, temporaries "
              f"{memory.get('temp_bytes', 0) / gib:.2f} GiB"

@@ -15,7 +15,7 @@ import re
 import jax
 import numpy as np
 
-from switchzoo import atomic, tensorfile
+from switchzoo import atomic, tensorfile, transformer
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig, MoeConfig
 
@@ -263,7 +263,14 @@ def _leaf(tree, path: str):
 def load_params(pretrained: Pretrained, setup: state_lib.Setup):
     """Places every tensor into its sharding (``setup``: state.setup of ``pretrained.cfg``,
     without an optimizer), reading only the shards this process holds. Returns (params, file
-    facts: each tensor's dtype and the aliases present)."""
+    facts: each tensor's dtype and the aliases present). A scanned set-up (``scan_layers``)
+    gets the per-layer tensors stacked into its scanned parameters."""
+    if setup.cfg.scan_layers:
+        unrolled = state_lib.setup(setup.cfg.replace(scan_layers=False), setup.layout)
+        params, facts = load_params(pretrained, unrolled)
+        stack = jax.jit(lambda p: transformer.stack_layers(p, setup.cfg),
+                        out_shardings=setup.param_shardings)
+        return stack(params), facts
     files = pretrained.files
     srcs = check(pretrained.cfg, setup.abstract_params, files)
     facts = {"aliases": [a for a in ALIASES if a in files], "dtypes": {}}
@@ -293,7 +300,9 @@ def save(path, cfg: ModelConfig, params, hf_config: dict | None = None,
          facts: dict | None = None) -> None:
     """Writes config.json + model.safetensors (HF names and layouts), streaming one tensor at a
     time to disk. ``facts`` (from loading) restore each tensor's dtype and the alias copies the
-    source held, so a round trip is bit-identical."""
+    source held, so a round trip is bit-identical. Scanned parameters are written per layer,
+    under the ordinary names."""
+    params = transformer.unstack_layers(params, cfg)
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
     hf_config = hf_config or config_to_hf(cfg)

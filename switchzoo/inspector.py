@@ -24,6 +24,7 @@ from switchzoo import layout as layout_lib
 from switchzoo import moe as moe_lib
 from switchzoo import state as state_lib
 from switchzoo import steps, zoo
+from switchzoo.config import REMAT
 
 COLLECTIVES = ("all-to-all", "all-reduce", "all-gather", "reduce-scatter", "collective-permute")
 # An instruction is "%name = SHAPE op(operands)"; SHAPE may be a tuple with spaces in it.
@@ -86,14 +87,16 @@ def cpu_inspect_options() -> dict:
 
 def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
             batch_size: int | None = None, length: int = 64, compile_step: bool = True,
-            group_size: int | None = None, decompose_all_to_all: bool = False) -> dict:
+            group_size: int | None = None, decompose_all_to_all: bool = False,
+            dtype: str = "float32", scan_layers: bool = False, remat: str = "none") -> dict:
     """The inspector's report (the --json object). Nothing is allocated: shapes are abstract.
 
     ``batch_size`` is the global batch in sequences (default: two per device), ``length`` the
     length of the inputs and of the targets; ``group_size`` overrides the catalogue's routing
     group (tokens routed together). ``decompose_all_to_all`` keeps the CPU compiler's
-    all-to-all rewrite (see _CPU_NO_DECOMPOSER; off by default, no effect off CPU)."""
-    cfg = zoo.get(model)
+    all-to-all rewrite (see _CPU_NO_DECOMPOSER; off by default, no effect off CPU).
+    ``dtype`` (activations), ``scan_layers`` and ``remat`` as the ModelConfig fields."""
+    cfg = zoo.get(model).replace(dtype=dtype, scan_layers=scan_layers, remat=remat)
     if group_size is not None:
         if cfg.moe is None:
             raise ValueError(f"--group-size: {model} has no Switch layers to route")
@@ -116,6 +119,7 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         "layout": lay.text,
         "model": model,
         "optimizer": optimizer,
+        "dtype": dtype, "scan_layers": scan_layers, "remat": remat,
         "params_bytes_total": int(sum(layout_lib.nbytes(x.shape, x.dtype)
                                       for x in jax.tree.leaves(abstract.params))),
         "params_bytes_per_device_max": _bytes_per_device(abstract.params, shardings.params),
@@ -247,6 +251,12 @@ def main(argv=None) -> int:
                         help="sequence length of the inputs and of the targets")
     parser.add_argument("--group-size", type=int, default=None,
                         help="tokens per routing group (default: the catalogue's)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="activation dtype (parameters and router stay float32)")
+    parser.add_argument("--scan-layers", action="store_true",
+                        help="scan each stack's repeating group of layers")
+    parser.add_argument("--remat", default="none", choices=REMAT,
+                        help="rematerialise each block in the backward pass")
     parser.add_argument("--devices", type=int, default=None,
                         help="run on N simulated CPU devices (a pod-sized dry run on one host)")
     parser.add_argument("--no-compile", action="store_true",
@@ -273,7 +283,7 @@ def main(argv=None) -> int:
         mesh = args.mesh or _preset_mesh(args.layout)
         report = inspect(args.model, mesh, args.layout, args.optimizer, args.batch_size,
                          args.length, not args.no_compile, args.group_size,
-                         args.cpu_decompose_all_to_all)
+                         args.cpu_decompose_all_to_all, args.dtype, args.scan_layers, args.remat)
         if args.figure:
             _figure(report, args)
     except (ValueError, KeyError) as e:

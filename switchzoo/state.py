@@ -56,6 +56,21 @@ def make_optimizer(name: str = "adamw", learning_rate: float = 1e-3, warmup_step
     raise ValueError(f"unknown optimizer '{name}'; use 'adamw' or 'adafactor'")
 
 
+def per_layer(tx: optax.GradientTransformation, params) -> optax.GradientTransformation:
+    """``tx`` updating each stacked (scanned) parameter layer by layer, exactly as it updates
+    the unrolled layers: Adafactor's update clipping and parameter scale take the RMS of a whole
+    array, which on a [layers, ...] array would mix the layers. Other parameters as ``tx``.
+    Stacks of different depths get separate labels (a vmap maps one axis size)."""
+    def label(path, leaf):
+        return f"layers_{leaf.shape[0]}" if "scanned" in path_name(path).split("/") else "single"
+    labels = jax.tree_util.tree_map_with_path(label, params)
+    depths = {x for x in jax.tree.leaves(labels) if x != "single"}
+    if not depths:
+        return tx
+    layerwise = optax.GradientTransformation(jax.vmap(tx.init), jax.vmap(tx.update))
+    return optax.multi_transform({"single": tx, **{d: layerwise for d in depths}}, labels)
+
+
 # ------------------------------------------------------------------------- paths and dims
 
 def path_name(path) -> str:
@@ -209,6 +224,7 @@ def setup(model: str | ModelConfig, layout: str | layout_lib.Layout | None = "da
     if tx is None:
         abstract = params
     else:
+        tx = per_layer(tx, params)
         abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
                               jax.eval_shape(tx.init, params))
     shardings = tree_shardings(layout, abstract, dims, params, update_axis)
@@ -247,10 +263,11 @@ def check_accumulation(config) -> None:
 def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
                      pieces: int | None = None) -> ModelConfig:
     """The run's model: ``model`` (a Hugging Face checkpoint's, or the one a run saved) or the
-    catalogue's, with the run's overrides: MoE routing knobs, activation dtype and dropout, and
-    for a catalogue model a vocabulary sized for the tokenizer's ``vocab_size`` ids (rounded up
-    to a multiple of 128, for sharding). ``pieces``: the tokenizer's ids without the sentinels
-    it adds, to name a model that has room for those but not for them."""
+    catalogue's, with the run's overrides: MoE routing knobs, activation dtype, dropout, layer
+    scanning and rematerialisation, and for a catalogue model a vocabulary sized for the
+    tokenizer's ``vocab_size`` ids (rounded up to a multiple of 128, for sharding). ``pieces``:
+    the tokenizer's ids without the sentinels it adds, to name a model that has room for those
+    but not for them."""
     cfg = model or zoo.get(config.model)
     want_encoder = config.task != "lm"            # translation, span corruption
     if cfg.is_encoder_decoder != want_encoder:
@@ -280,7 +297,8 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
         raise ValueError(f"the tokenizer has {vocab_size} ids but the checkpoint's vocabulary "
                          f"{cfg.vocab_size}; load the checkpoint's own SentencePiece model with "
                          "--config.data.vocab_path")
-    return cfg.replace(dtype=config.dtype, dropout=config.dropout)
+    return cfg.replace(dtype=config.dtype, dropout=config.dropout,
+                       scan_layers=config.scan_layers, remat=config.remat)
 
 
 def run_optimizer(config) -> optax.GradientTransformation:

@@ -7,15 +7,103 @@ written at ``index`` (and the cross-attention keys/values of the encoder output)
 cached positions hold tokens (``valid``)."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from switchzoo import config as config_lib
+from switchzoo import dims as dims_lib
 from switchzoo.config import ModelConfig
 from switchzoo.layers import (Attention, Embed, Mlp, RelativePositionBias, RMSNorm, dropout,
                               param, split)
 from switchzoo.layout import constrain
 from switchzoo.moe import SwitchFFN
+
+# ModelConfig.remat -> the jax.checkpoint policy of each block (and scanned group): "full" saves
+# nothing and recomputes the block in the backward pass, "dots" saves the matmul outputs and
+# recomputes the rest (norms, activations, softmax, routing).
+REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+                  "dots": jax.checkpoint_policies.dots_saveable}
+assert tuple(REMAT_POLICIES) == config_lib.REMAT
+
+
+def _remat(module: nnx.Module, policy):
+    """``module``'s call under jax.checkpoint with ``policy`` (None: the module itself)."""
+    if policy is None:
+        return module
+    graphdef, params = nnx.split(module)
+
+    def call(params, *args):
+        return nnx.merge(graphdef, params)(*args)
+    return functools.partial(jax.checkpoint(call, policy=policy), params)
+
+
+def scan_period(cfg: ModelConfig, num_layers: int, encoder: bool = False) -> int:
+    """Layers per scanned group: the shortest period of the stack's dense/sparse pattern that
+    divides its depth (2 for alternating Switch layers, 1 for all-dense or all-sparse stacks;
+    the whole stack when nothing repeats)."""
+    sparse = [cfg.moe is not None and cfg.moe.is_sparse(i, encoder) for i in range(num_layers)]
+    return next(p for p in range(1, num_layers + 1) if num_layers % p == 0
+                and all(sparse[i] == sparse[i % p] for i in range(num_layers)))
+
+
+def _stacked(modules: list[nnx.Module]) -> nnx.Module:
+    """One module of the same structure whose every parameter is the modules' stacked along a
+    leading 'layers' dim (never sharded by a layout: each device holds every layer's slice)."""
+    def stack(*variables):
+        meta = variables[0].get_metadata()
+        dims = dims_lib.check(("layers",) + tuple(meta["dims"]), "stacked parameter")
+        return type(variables[0])(jnp.stack([v[...] for v in variables]),
+                                  **{**meta, "dims": dims})
+    graphdef, _ = nnx.split(modules[0])
+    params = jax.tree.map(stack, *[nnx.state(m) for m in modules],
+                          is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, params)
+
+
+def _stacks(cfg: ModelConfig) -> dict[str, tuple[int, bool]]:
+    """{stack name: (layers, is the encoder)} of the model's parameter tree."""
+    out = {"decoder": (cfg.num_layers, False)}
+    if cfg.is_encoder_decoder:
+        out["encoder"] = (cfg.num_encoder_layers, True)
+    return out
+
+
+def stack_layers(params: dict, cfg: ModelConfig) -> dict:
+    """Unrolled parameters (``decoder/layers/3/ffn/wi``, a pure dict as in a checkpoint) ->
+    scanned (``decoder/scanned/1/ffn/wi`` [layers, ...]); stacks already scanned are kept."""
+    out = dict(params)
+    for name, (n, encoder) in _stacks(cfg).items():
+        if "layers" not in params[name]:
+            continue
+        p = scan_period(cfg, n, encoder)
+        layers = params[name]["layers"]
+        out[name] = {k: v for k, v in params[name].items() if k != "layers"}
+        out[name]["scanned"] = {j: jax.tree.map(lambda *xs: jnp.stack(xs),
+                                                *[layers[i] for i in range(j, n, p)])
+                                for j in range(p)}
+    return out
+
+
+def unstack_layers(params: dict, cfg: ModelConfig) -> dict:
+    """The inverse of stack_layers: scanned parameters -> unrolled; unrolled stacks are kept."""
+    out = dict(params)
+    for name, (n, encoder) in _stacks(cfg).items():
+        if "scanned" not in params[name]:
+            continue
+        p = scan_period(cfg, n, encoder)
+        scanned = params[name]["scanned"]
+        out[name] = {k: v for k, v in params[name].items() if k != "scanned"}
+        out[name]["layers"] = {i: jax.tree.map(lambda x, g=i // p: x[g], scanned[i % p])
+                               for i in range(n)}
+    return out
+
+
+def layers_as(params: dict, cfg: ModelConfig) -> dict:
+    """``params`` of either form in the form ``cfg`` runs (``cfg.scan_layers``)."""
+    return (stack_layers if cfg.scan_layers else unstack_layers)(params, cfg)
 
 
 class Block(nnx.Module):
@@ -64,19 +152,33 @@ class Block(nnx.Module):
 
 
 class Stack(nnx.Module):
-    """Layers over embedded tokens, then the final norm (an encoder or a decoder)."""
+    """Layers over embedded tokens, then the final norm (an encoder or a decoder).
+
+    Unrolled (``layers``: one Block per layer) or, with ``cfg.scan_layers``, scanned:
+    ``scanned[j]`` holds layer j of every repeating group of ``period`` layers, each parameter
+    stacked along a leading 'layers' dim (layer g * period + j at index g), and training runs a
+    lax.scan over the groups. Decoding with a cache runs layer by layer in both forms, over
+    slices of the stacked weights, so the cache is the same per-layer list."""
 
     def __init__(self, cfg: ModelConfig, num_layers: int, causal: bool, cross: bool,
                  rngs: nnx.Rngs, encoder: bool = False):
-        self.cfg, self.causal = cfg, causal
+        self.cfg, self.causal, self.num_layers = cfg, causal, num_layers
         self.relpos = RelativePositionBias(cfg.relpos_buckets, cfg.relpos_max_distance,
                                            cfg.num_heads, bidirectional=not causal, rngs=rngs)
-        self.layers = nnx.List([Block(cfg, i, cross, rngs, encoder) for i in range(num_layers)])
+        # Built unrolled in both forms, so a scanned model starts from the same weights.
+        blocks = [Block(cfg, i, cross, rngs, encoder) for i in range(num_layers)]
+        if cfg.scan_layers:
+            self.period = scan_period(cfg, num_layers, encoder)
+            self.scanned = nnx.List([_stacked(blocks[j::self.period])
+                                     for j in range(self.period)])
+        else:
+            self.layers = nnx.List(blocks)
         self.final_norm = RMSNorm(cfg.d_model)
 
     def __call__(self, x_BTD, positions_BT, segments_BT, enc_BSD=None, enc_segments_BS=None,
                  rng=None, cache=None, index=None):
-        """Segments mark packed sequences (0 = padding). Returns (x_BTD, Switch stats, cache).
+        """Segments mark packed sequences (0 = padding). Returns (x_BTD, Switch stats: a list of
+        {name: [layers, ...]}, cache).
 
         With a cache (decoding), the tokens are the next ones after ``index`` cached positions;
         each attends to every valid cached position at or before its own."""
@@ -84,19 +186,68 @@ class Stack(nnx.Module):
             mask_BTS, cross_mask_BTS, k_pos_BS, cache = self._masks(
                 x_BTD, positions_BT, segments_BT, enc_segments_BS, cache, index)
         bias_BHTS = self.relpos(positions_BT, k_pos_BS)
-        r_in, r_out, *r_layers = split(rng, len(self.layers) + 2)
-        x_BTD = dropout(x_BTD, self.cfg.dropout, r_in)
+        keys = None if rng is None else jax.random.split(rng, self.num_layers + 2)
+        x_BTD = dropout(x_BTD, self.cfg.dropout, None if keys is None else keys[0])
+        shared = (bias_BHTS, mask_BTS, enc_BSD, cross_mask_BTS)
+        if cache is None and self.cfg.scan_layers:
+            x_BTD, stats = self._scan(x_BTD, shared, segments_BT != 0,
+                                      None if keys is None else keys[2:])
+        else:
+            x_BTD, stats, cache = self._loop(x_BTD, shared, segments_BT != 0,
+                                             None if keys is None else keys[2:], cache, index)
+        return (dropout(self.final_norm(x_BTD), self.cfg.dropout,
+                        None if keys is None else keys[1]), stats, cache)
+
+    def _loop(self, x_BTD, shared, valid_BT, keys, cache, index):
+        """Layer by layer (unrolled training, and decoding in both forms)."""
+        policy = REMAT_POLICIES[self.cfg.remat] if cache is None else None   # decoding: no grads
         stats, layer_caches = [], []
-        for i, (layer, r) in enumerate(zip(self.layers, r_layers)):
-            x_BTD, s, c = layer(x_BTD, bias_BHTS, mask_BTS, enc_BSD, cross_mask_BTS, r,
-                                segments_BT != 0, None if cache is None else cache["layers"][i],
-                                index)
+        for i, layer in enumerate(self.blocks()):
+            c = None if cache is None else cache["layers"][i]
+            x_BTD, s, c = _remat(layer, policy)(x_BTD, *shared, None if keys is None else keys[i],
+                                                valid_BT, c, index)
             layer_caches.append(c)
             if s:
-                stats.append(s)
+                stats.append({k: v[None] for k, v in s.items()})
         if cache is not None:
             cache = {**cache, "layers": layer_caches}
-        return dropout(self.final_norm(x_BTD), self.cfg.dropout, r_out), stats, cache
+        return x_BTD, stats, cache
+
+    def _scan(self, x_BTD, shared, valid_BT, keys):
+        """A lax.scan over the groups of ``period`` layers, each group one (rematerialised) body.
+        The stats come back in layer order: {name: [sparse layers, ...]}."""
+        graphdef, params = nnx.split(self.scanned)
+        groups = self.num_layers // self.period
+        group_keys = None if keys is None else keys.reshape(groups, self.period)
+
+        def group(x_BTD, xs):
+            params, keys = xs
+            stats = []
+            for j, layer in enumerate(nnx.merge(graphdef, params)):
+                x_BTD, s, _ = layer(x_BTD, *shared, None if keys is None else keys[j],
+                                    valid_BT)
+                if s:
+                    stats.append(s)
+            return x_BTD, stats
+
+        policy = REMAT_POLICIES[self.cfg.remat]
+        if policy is not None:
+            group = jax.checkpoint(group, policy=policy, prevent_cse=False)
+        x_BTD, stats = jax.lax.scan(group, x_BTD, (params, group_keys))
+        if not stats:
+            return x_BTD, []
+        # [groups, sparse per group, ...] -> [sparse layers, ...]: layer g * period + j in order.
+        return x_BTD, [{k: jnp.stack([s[k] for s in stats], 1).reshape(
+            (-1,) + stats[0][k].shape[1:]) for k in stats[0]}]
+
+    def blocks(self) -> list[Block]:
+        """Every layer as a Block, in order (in the scanned form, slices of the stacked
+        weights)."""
+        if not self.cfg.scan_layers:
+            return list(self.layers)
+        parts = [nnx.split(m) for m in self.scanned]
+        return [nnx.merge(graphdef, jax.tree.map(lambda x, g=g: x[g], params))
+                for g in range(self.num_layers // self.period) for graphdef, params in parts]
 
     def _masks(self, x_BTD, positions_BT, segments_BT, enc_segments_BS, cache, index):
         """Self- and cross-attention masks [B, T, S] and the key positions (with a cache, its
@@ -122,7 +273,7 @@ class Stack(nnx.Module):
         """An empty decoding cache (with the cross-attention keys/values of ``enc_BSD``)."""
         shape = (batch, self.cfg.num_heads, max_length, self.cfg.d_kv)
         layers = []
-        for layer in self.layers:
+        for layer in self.blocks():
             c = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
             if layer.has_cross:
                 c["cross_k"], c["cross_v"] = layer.cross.project_kv(enc_BSD)
@@ -225,11 +376,11 @@ class EncoderDecoder(_Head):
 
 
 def _stack(stats: list[dict]) -> dict:
-    """Sums the losses over Switch layers; stacks their metrics along a leading layer axis."""
+    """Sums the losses over Switch layers; joins their metrics along the leading layer axis."""
     if not stats:
         zero = jnp.zeros((), jnp.float32)
         return {"aux_loss": zero, "z_loss": zero}
-    out = {k: jnp.stack([s[k] for s in stats]) for k in stats[0]}
+    out = {k: jnp.concatenate([s[k] for s in stats]) for k in stats[0]}
     out["aux_loss"] = jnp.sum(out["aux_loss"])
     out["z_loss"] = jnp.sum(out["z_loss"])
     return out

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import re
 
+from switchzoo.config import REMAT
 from switchzoo.configs import base
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +80,7 @@ CHOICES = {
     "task": ("translation", "lm", "span_corruption"),
     "optimizer": ("adamw", "adafactor"),
     "dtype": ("float32", "bfloat16"),
+    "remat": REMAT,
     "data.source": ("embedded", "files", "tfds"),
     "moe.dispatch": ("auto", "einsum", "dropless"),
     "moe.grouped_matmul": ("auto", "blocks", "ragged_dot"),

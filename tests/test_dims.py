@@ -37,8 +37,9 @@ def names_used_by_models() -> frozenset[str]:
             kinds[key] = cfg
     ids = jnp.ones((2, 16), jnp.int32)
     for cfg in kinds.values():
-        _, _, param_dims = state.abstract_model(cfg)
-        used.update(d for ds in param_dims.values() for d in ds)
+        for form in (cfg, cfg.replace(scan_layers=True)):      # scanned: the 'layers' dim
+            _, _, param_dims = state.abstract_model(form)
+            used.update(d for ds in param_dims.values() for d in ds)
         def forward(ids):
             model = transformer.build(cfg)
             args = (ids, ids) if cfg.num_encoder_layers else (ids,)

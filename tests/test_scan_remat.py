@@ -1,0 +1,165 @@
+"""Scanned layers and rematerialisation change how the model runs, never what it computes:
+oracles are the unrolled model on the same weights (moved between the forms by
+transformer.stack_layers / unstack_layers) and the step without rematerialisation."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from switchzoo import decoding, hf, state, steps, transformer, validate, zoo
+from switchzoo.config import ModelConfig
+from switchzoo.configs import base
+
+TINY = zoo.get("switch_tiny")           # decoder-only; 4 layers, every 2nd sparse: 2 groups
+# An encoder-decoder deep enough to repeat its (dense, sparse) pair twice in each stack.
+ENC_DEC = zoo.get("switch_base_tiny").replace(num_layers=4, num_encoder_layers=4)
+
+
+def pure_params(cfg: ModelConfig, seed: int = 0) -> dict:
+    return nnx.to_pure_dict(nnx.state(transformer.build(cfg, seed)))
+
+
+def max_diff(a, b) -> float:
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    return max(float(np.max(np.abs(np.asarray(x, np.float32) - np.asarray(y, np.float32))))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def batch(rows: int = 8, length: int = 128) -> dict:
+    ids = np.random.default_rng(0).integers(2, TINY.vocab_size, (rows, length)).astype(np.int32)
+    return {"inputs": ids, "targets": ids, "weights": np.ones(ids.shape, np.float32)}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """{(scan_layers, remat): (loss, logits, unrolled gradients, temp bytes)} of one training
+    forward + backward of switch_tiny (router jitter on: every layer draws its own key) from
+    the same weights, each compiled once."""
+    unrolled = pure_params(TINY)
+    data, out = batch(), {}
+    for scan, remat in ((False, "none"), (True, "none"), (True, "full"), (True, "dots"),
+                        (False, "full")):
+        cfg = TINY.replace(scan_layers=scan, remat=remat)
+        s = state.setup(cfg, "data_parallel", "data:1", devices=jax.devices()[:1])
+
+        def loss(params, s=s, cfg=cfg):
+            logits, aux = steps.forward(nnx.merge(s.graphdef, params), cfg, s.layout, data,
+                                        jax.random.key(1))
+            return steps.lm_objective(logits, data, aux, cfg)[0], logits
+        params = transformer.layers_as(unrolled, cfg)
+        compiled = jax.jit(jax.value_and_grad(loss, has_aux=True)).lower(params).compile()
+        (value, logits), grads = compiled(params)
+        out[scan, remat] = (value, logits, transformer.unstack_layers(grads, cfg),
+                            compiled.memory_analysis().temp_size_in_bytes)
+    return out
+
+
+def test_scanned_layers_compute_the_unrolled_logits_and_gradients(runs):
+    loss, logits, grads, _ = runs[False, "none"]
+    s_loss, s_logits, s_grads, _ = runs[True, "none"]
+    assert abs(float(loss - s_loss)) < 1e-6
+    assert max_diff(logits, s_logits) < 1e-5
+    assert max_diff(grads, s_grads) < 1e-6
+    assert max_diff(grads, jax.tree.map(jnp.zeros_like, grads)) > 1e-3    # not all zero
+
+
+@pytest.mark.parametrize("scan,remat", [(True, "full"), (True, "dots"), (False, "full")])
+def test_rematerialisation_gives_the_same_loss_and_gradients(runs, scan, remat):
+    loss, logits, grads, _ = runs[scan, "none"]
+    r_loss, r_logits, r_grads, _ = runs[scan, remat]
+    assert abs(float(loss - r_loss)) < 1e-6
+    assert max_diff(logits, r_logits) < 1e-5
+    assert max_diff(grads, r_grads) < 1e-6
+
+
+def test_rematerialisation_lowers_the_scanned_steps_temporaries(runs):
+    # The scan's backward loop recomputes one group at a time. (Unrolled, XLA:CPU schedules a
+    # block's recomputation early and the temporaries stay as they were: docs/benchmarks.md.)
+    none, full, dots = (runs[True, r][3] for r in ("none", "full", "dots"))
+    assert full < 0.7 * none, (full, none)
+    assert dots < none, (dots, none)
+
+
+@pytest.mark.parametrize("cfg", [TINY, ENC_DEC], ids=["decoder_only", "encoder_decoder"])
+def test_a_checkpoint_of_either_form_loads_in_the_other(cfg):
+    unrolled, scanned = pure_params(cfg), pure_params(cfg.replace(scan_layers=True))
+    assert "scanned" in scanned["decoder"] and "layers" not in scanned["decoder"]
+    # A scanned model is born with the unrolled model's weights, stacked.
+    assert max_diff(transformer.stack_layers(unrolled, cfg), scanned) == 0
+    assert max_diff(transformer.unstack_layers(scanned, cfg), unrolled) == 0
+    # layers_as takes either form to the one a config runs.
+    assert max_diff(transformer.layers_as(scanned, cfg), unrolled) == 0
+    assert max_diff(transformer.layers_as(unrolled, cfg.replace(scan_layers=True)), scanned) == 0
+    wi = scanned["decoder"]["scanned"][1]["ffn"]["wi"]           # layers 1 and 3
+    assert np.array_equal(wi[1], unrolled["decoder"]["layers"][3]["ffn"]["wi"])
+
+
+def test_hugging_face_export_of_a_scanned_model_writes_per_layer_names_and_loads_back(tmp_path):
+    cfg = ENC_DEC.replace(scan_layers=True)
+    params = pure_params(cfg)
+    hf.save(tmp_path, cfg, params)
+    pretrained = hf.read_config(tmp_path)
+    assert "decoder.block.3.layer.2.mlp.router.classifier.weight" in pretrained.files
+    assert not any("scanned" in name for name in pretrained.files)
+    setup = state.setup(pretrained.cfg.replace(scan_layers=True), "data_parallel", "data:1",
+                        devices=jax.devices()[:1])
+    loaded, _ = hf.load_params(pretrained, setup)
+    assert max_diff(loaded, params) == 0
+
+
+def test_a_scanned_model_decodes_as_the_unrolled_one():
+    unrolled = pure_params(ENC_DEC)
+    src = jnp.asarray(np.random.default_rng(1).integers(2, ENC_DEC.vocab_size, (2, 12)),
+                      jnp.int32)
+    out = []
+    for cfg in (ENC_DEC, ENC_DEC.replace(scan_layers=True)):
+        graphdef = nnx.graphdef(transformer.build(cfg))
+        out.append(decoding.sample(graphdef, transformer.layers_as(unrolled, cfg), src,
+                                   jnp.ones_like(src), jax.random.key(0), max_new=6,
+                                   greedy=False))     # sampled: greedy repeats one token here
+    np.testing.assert_array_equal(out[0], out[1])
+    assert len(np.unique(np.asarray(out[0]))) > 4
+
+
+def test_the_optimizer_updates_stacked_parameters_layer_by_layer():
+    """Adafactor scales each update by its parameter's RMS: over a stacked array it would mix
+    the layers, so state.per_layer maps it over them."""
+    # A few parameters, stacked ones (scaled per layer) and one not.
+    decoder = pure_params(TINY)["decoder"]
+    layers = {i: {"attn": {"q": layer["attn"]["q"] * (i + 1)}}
+              for i, layer in decoder["layers"].items()}
+    unrolled = {"decoder": {"final_norm": decoder["final_norm"], "layers": layers}}
+    grads = jax.tree.map(lambda x: jnp.cos(3 * x), unrolled)
+    stacked, stacked_grads = (transformer.stack_layers(t, TINY) for t in (unrolled, grads))
+    tx = optax.adafactor(1e-2)
+
+    @jax.jit
+    def updates(grads, params, stacked_grads, stacked):
+        layerwise = state.per_layer(tx, stacked)
+        return (tx.update(grads, tx.init(params), params)[0],
+                layerwise.update(stacked_grads, layerwise.init(stacked), stacked)[0],
+                tx.update(stacked_grads, tx.init(stacked), stacked)[0])
+    want, got, whole = updates(grads, unrolled, stacked_grads, stacked)
+    assert max_diff(transformer.unstack_layers(got, TINY), want) < 1e-7
+    # What it prevents: the update of the whole stacked array is not the layers' updates.
+    assert max_diff(transformer.unstack_layers(whole, TINY), want) > 1e-5
+
+
+def test_an_unknown_remat_policy_is_a_one_line_error_naming_the_choices():
+    config = base.get_base()
+    config.remat = "everything"
+    with pytest.raises(ValueError, match=r"^--config.remat='everything' is not one of none, "
+                                         r"full, dots$"):
+        validate.check(config)
+    with pytest.raises(ValueError, match=r"^remat='dot' is not a rematerialisation policy; use "
+                                         r"one of none, full, dots$"):
+        TINY.replace(remat="dot")
+
+
+def test_the_scanned_group_is_the_shortest_repeating_run_of_layers():
+    assert transformer.scan_period(TINY, 4) == 2                     # (dense, sparse) x 2
+    assert transformer.scan_period(zoo.get("switch_c_2048"), 15, encoder=True) == 1
+    assert transformer.scan_period(zoo.get("dense_tiny"), 4) == 1
+    assert transformer.scan_period(TINY, 3) == 3                     # dense, sparse, dense
