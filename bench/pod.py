@@ -2,6 +2,7 @@
 
     python bench/pod.py [--cases base_128_32 large_128_128 ...] [--timeout 900] [--out FILE]
     python bench/pod.py --cases switch_tiny:8 --length 32        # any MODEL:DEVICES[/MESH/LAYOUT]
+    python bench/pod.py --dtype float32 --remat none --no-scan   # the unrolled float32 step
 
 Each case runs ``python -m switchzoo.layout --devices N --json ...`` (the layout inspector) in a
 fresh process that starts JAX on N simulated CPU devices, builds the train state abstractly
@@ -30,8 +31,11 @@ Choices (the Switch paper, arXiv 2101.03961):
   * All-to-all: the inspector keeps each all-to-all one array op, as TPU does, instead of XLA's
     CPU rewrite into one slice per device (--cpu-decompose-all-to-all restores it), which at
     1,024+ devices makes the compile outgrow the host.
+  * Activations bfloat16 as in the paper (parameters, router and optimizer state float32),
+    every block rematerialised (--remat full: only block inputs are kept for the backward
+    pass) and each stack scanned over its repeating (dense, sparse) group (--no-scan unrolls).
 Numbers are those of XLA's CPU compiler for the per-device program; fusion, layouts and so
-temporaries differ on TPU, and activations here are float32 with no rematerialisation.
+temporaries differ on TPU. bench/pod_fit.py searches the smallest slice that fits 16 GiB.
 """
 from __future__ import annotations
 
@@ -56,7 +60,8 @@ CASES = {
     "c_2048_2048": ("switch_c_2048", 2048, "expert:2048", "expert_parallel"),
 }
 DEFAULT_CASES = ("base_128_32", "large_128_128", "large_128_256", "c_2048_2048")
-SUMMARY = ("devices", "mesh", "layout", "optimizer", "batch", "length", "group_size",
+SUMMARY = ("devices", "mesh", "layout", "optimizer", "dtype", "scan_layers", "remat", "batch",
+           "length", "group_size",
            "routing_groups", "params_bytes_total", "params_bytes_per_device_max",
            "opt_bytes_per_device_max", "memory", "collectives", "lower_seconds",
            "compile_seconds")
@@ -96,6 +101,8 @@ def command(case: dict, args) -> list[str]:
         cmd += ["--group-size", str(tokens_per_device)]
     if args.cpu_decompose_all_to_all:
         cmd.append("--cpu-decompose-all-to-all")
+    cmd += ["--dtype", args.dtype, "--remat", args.remat] + ([] if args.no_scan
+                                                              else ["--scan-layers"])
     return cmd
 
 
@@ -166,15 +173,17 @@ def run_case(case: dict, args) -> dict:
     return result
 
 
-def main(argv=None) -> int:
-    p = parser(__doc__)
-    p.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES),
-                   help=f"names ({', '.join(CASES)}) or MODEL:DEVICES[/MESH/LAYOUT]")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per case")
+def add_step_arguments(p) -> None:
+    """The train step's settings (shared with bench/pod_fit.py)."""
     p.add_argument("--length", type=int, default=512, help="tokens per sequence (inputs and "
                                                            "targets)")
     p.add_argument("--per-device-batch", type=int, default=1, help="sequences per device")
     p.add_argument("--optimizer", default="adafactor", choices=("adafactor", "adamw"))
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                   help="activation dtype (parameters, router and optimizer stay float32)")
+    p.add_argument("--remat", default="full", choices=("none", "full", "dots"),
+                   help="rematerialisation of each block / scanned group")
+    p.add_argument("--no-scan", action="store_true", help="unroll the layers (no lax.scan)")
     p.add_argument("--catalogue-groups", action="store_true",
                    help="keep the catalogue's routing group size even when it spans devices")
     p.add_argument("--cpu-decompose-all-to-all", action="store_true",
@@ -184,15 +193,28 @@ def main(argv=None) -> int:
                    help="stop a case whose process grows past this many GiB")
     p.add_argument("--min-available-gb", type=float, default=2,
                    help="stop a case when the machine has less than this many GiB available")
+
+
+def step_config(args) -> dict:
+    return {"length": args.length, "per_device_batch": args.per_device_batch,
+            "optimizer": args.optimizer, "dtype": args.dtype, "remat": args.remat,
+            "scan_layers": not args.no_scan, "timeout_s": args.timeout,
+            "catalogue_groups": args.catalogue_groups,
+            "cpu_decompose_all_to_all": args.cpu_decompose_all_to_all,
+            "max_rss_gb": args.max_rss_gb}
+
+
+def main(argv=None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES),
+                   help=f"names ({', '.join(CASES)}) or MODEL:DEVICES[/MESH/LAYOUT]")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per case")
+    add_step_arguments(p)
     args = p.parse_args(argv)
     cases = [resolve(c) for c in args.cases]
     results = [run_case(c, args) for c in cases]
     emit({"machine": machine(),
-          "config": {"length": args.length, "per_device_batch": args.per_device_batch,
-                     "optimizer": args.optimizer, "timeout_s": args.timeout,
-                     "catalogue_groups": args.catalogue_groups,
-                     "cpu_decompose_all_to_all": args.cpu_decompose_all_to_all,
-                     "max_rss_gb": args.max_rss_gb},
+          "config": step_config(args),
           "cases": results}, args.out)
     # A case stopped by a limit is a result; one whose inspector failed is an error.
     return 1 if any(r["status"] == "error" for r in results) else 0
