@@ -70,22 +70,29 @@ class Model:
                  seed: int = 0) -> np.ndarray:
         """Generated ids, as transformers returns them: an encoder-decoder's start token 0 then
         the new tokens; a decoder-only model's prompt then the new tokens (0 after EOS)."""
-        from switchzoo import decoding
         src = jnp.asarray(input_ids, jnp.int32)
         seg = (jnp.ones_like(src) if attention_mask is None
                else jnp.asarray(attention_mask, jnp.int32))
-        with layout_lib.use(self.layout):
-            if num_beams > 1:
-                new, _ = decoding.beam_search(self.graphdef, self.params, src, seg,
-                                              max_new=max_new_tokens, beams=num_beams,
-                                              alpha=length_penalty, eos_id=eos_token_id)
-            else:
-                new = decoding.sample(self.graphdef, self.params, src, seg,
-                                      jax.random.key(seed), max_new=max_new_tokens,
-                                      greedy=not do_sample, temperature=temperature,
-                                      top_k=top_k, eos_id=eos_token_id)
+        new = self.new_tokens(src, seg, max_new_tokens, num_beams, do_sample, temperature,
+                              top_k, length_penalty, eos_token_id, seed)
         prefix = np.zeros((src.shape[0], 1), np.int32) if self.is_encoder_decoder else src
         return np.concatenate([np.asarray(prefix), as_numpy(new)], axis=1)
+
+    def new_tokens(self, src_BS, seg_BS, max_new_tokens: int = 32, num_beams: int = 1,
+                   do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
+                   length_penalty: float = 0.6, eos_token_id: int = 1, seed: int = 0):
+        """``generate``'s new tokens [B, max_new_tokens] as a jax.Array, left where the mesh
+        computed them: inputs may be global arrays of a multi-process run."""
+        from switchzoo import decoding
+        with layout_lib.use(self.layout):
+            if num_beams > 1:
+                return decoding.beam_search(self.graphdef, self.params, src_BS, seg_BS,
+                                            max_new=max_new_tokens, beams=num_beams,
+                                            alpha=length_penalty, eos_id=eos_token_id)[0]
+            return decoding.sample(self.graphdef, self.params, src_BS, seg_BS,
+                                   jax.random.key(seed), max_new=max_new_tokens,
+                                   greedy=not do_sample, temperature=temperature,
+                                   top_k=top_k, eos_id=eos_token_id)
 
     def save_pretrained(self, path) -> None:
         """Writes the Hugging Face SwitchTransformers format (config.json + model.safetensors)."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib.resources
 import os
 import pathlib
+import socket
 import sys
+import time
 
 from absl import flags
 
@@ -129,19 +131,65 @@ def define_distributed_flags() -> None:
     flags.DEFINE_integer("process_id", None, "This process's index (else from the environment).")
     flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() with what the "
                       "environment provides (TPU pod slices, SLURM).")
+    flags.DEFINE_integer("coordinator_timeout", 300, "Seconds to wait for the coordinator "
+                         "(process 0) to answer and for every process to join.")
+
+
+PROCESS = ""        # "process i/P: " once this process is one of several (prefixes errors)
 
 
 def initialize_distributed() -> None:
-    """JAX's own multi-host runtime: one jax.distributed.initialize before any computation."""
+    """JAX's own multi-host runtime: one jax.distributed.initialize before any computation.
+    JAX aborts a process whose coordinator never answers (a fatal log, no exception), so a
+    process other than 0 first waits for the coordinator's port itself and fails in one line."""
+    global PROCESS
     f = flags.FLAGS
     address = f.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if not (address or f.distributed or (f.num_processes or 1) > 1):
         return
+    if f.num_processes is not None and f.process_id is not None:
+        if not 0 <= f.process_id < f.num_processes:
+            raise ValueError(f"--process_id={f.process_id} is not one of the "
+                             f"{f.num_processes} processes (0..{f.num_processes - 1})")
+        PROCESS = f"process {f.process_id}/{f.num_processes}: "
+    if f.coordinator_timeout < 1:
+        raise ValueError(f"--coordinator_timeout={f.coordinator_timeout}: give seconds >= 1")
+    if address and f.process_id:
+        wait_for_coordinator(address, f.coordinator_timeout)
     import jax
     # CPU collectives across processes (no effect on GPU/TPU backends).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=address, num_processes=f.num_processes,
-                               process_id=f.process_id)
+    try:
+        jax.distributed.initialize(coordinator_address=address, num_processes=f.num_processes,
+                                   process_id=f.process_id,
+                                   initialization_timeout=f.coordinator_timeout)
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"jax.distributed.initialize failed ({one_line(e)}); give "
+                         "--coordinator_address=HOST:PORT, --num_processes and --process_id, or "
+                         "run where JAX finds them (TPU pods, SLURM)") from e
+    PROCESS = f"process {jax.process_index()}/{jax.process_count()}: "
+
+
+def wait_for_coordinator(address: str, timeout: float, connect=socket.create_connection,
+                         clock=time.monotonic, sleep=time.sleep) -> None:
+    """Returns once ``address`` (host:port) accepts a connection; a ValueError after
+    ``timeout`` seconds of refusals."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--coordinator_address={address}: write it as HOST:PORT "
+                         "(process 0's host and a free port)")
+    deadline = clock() + timeout
+    while True:
+        try:
+            connect((host.strip("[]"), int(port)), timeout=5).close()
+            return
+        except OSError as e:
+            if clock() >= deadline:
+                raise ValueError(
+                    f"no coordinator answers at {address} after {timeout:g} s "
+                    f"({e.strerror or e}): start process 0 (it serves the coordinator) with "
+                    "the same --coordinator_address, or correct the address") from e
+            sleep(0.5)
 
 
 def run(fn, verbose_flag: str = "verbose") -> None:
@@ -151,7 +199,7 @@ def run(fn, verbose_flag: str = "verbose") -> None:
     except (ValueError, KeyError, FileNotFoundError, FloatingPointError) as e:
         if flags.FLAGS[verbose_flag].value:
             raise
-        print(f"error: {one_line(e)}", file=sys.stderr)
+        print(f"error: {PROCESS}{one_line(e)}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         # Skip interpreter teardown: a failed restore can leave I/O threads whose shutdown

@@ -13,11 +13,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from switchzoo import api, checkpoints, data, hf, scores, steps, validate
+from switchzoo import api, atomic, checkpoints, data, hf, hosts, scores, steps, validate
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig
 from switchzoo.configs import base
 
+TRANSLATIONS_FILE = "translations.txt"    # eval's beam-search output, one line per example
 MODEL_FILE = "model.json"      # the run's resolved model, written by the training loop
 # What an evaluation may change in a run's saved config (--config.FIELD=value): where and how
 # it evaluates, never what was trained.
@@ -79,12 +80,15 @@ def restore_params(config, workdir: pathlib.Path, layout, vocab_size: int,
     return setup, params, step
 
 
-def evaluate_loss(eval_fn, params, ds, layout) -> dict:
+def evaluate_loss(eval_fn, params, ds, layout, share: hosts.Share) -> dict:
     """Token (and, for text with word counts, word) perplexity over the whole eval split, and
-    the Switch metrics averaged over its batches."""
+    the Switch metrics averaged over its batches. Each process tokenizes only the parts of the
+    eval set its batch shards hold (``share``); the sums are the global batch's."""
+    count = max(hosts.allgather_json(ds.eval_batch_count(share.shards, share.local_shards),
+                                     share.processes))
     totals, moe, n = {"nll": 0.0, "tokens": 0.0, "correct": 0.0, "words": 0.0}, {}, 0
-    for batch in ds.eval_batches():
-        out = jax.device_get(eval_fn(params, steps.global_batch(batch, layout)))
+    for batch in ds.eval_batches(share.shards, share.local_shards, count):
+        out = jax.device_get(eval_fn(params, hosts.assemble(batch, layout, share)))
         for k in totals:
             totals[k] += float(out[k])
         for k in ("dropped_fraction", "expert_load"):
@@ -100,12 +104,18 @@ def evaluate_loss(eval_fn, params, ds, layout) -> dict:
 
 
 def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
+    """Evaluates on every process of the run (each reads its share of the eval set); process 0
+    writes results.json and prints."""
     workdir = pathlib.Path(workdir)
+    if jax.process_count() > 1:
+        hosts.check_same_config(config.to_json_best_effort(sort_keys=True) + checkpoint)
     validate.check(config, evaluating=True)
     layout = state_lib.run_layout(config)
-    batch = state_lib.global_batch_size(config)
-    ds = data.build(config.data, workdir, task=config.task, batch_size=batch,
-                    max_length=config.max_length, seed=config.seed, evaluating=True)
+    share = hosts.agreed_share(layout, state_lib.global_batch_size(config))
+    lead = share.process == 0
+    ds = data.build(config.data, workdir, task=config.task, batch_size=share.rows,
+                    max_length=config.max_length, seed=config.seed, evaluating=True,
+                    shards=share.shards, local=share.local_shards)
     if checkpoint:
         pretrained = hf.read_config(checkpoint)
         setup = state_lib.setup(pretrained.cfg, layout)
@@ -117,16 +127,21 @@ def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
     eval_fn = steps.make_eval_step(setup)
     results = {"step": step, "split": ds.eval_split,
                "model": config.init_from or config.model,
-               **evaluate_loss(eval_fn, params, ds, layout)}
+               **evaluate_loss(eval_fn, params, ds, layout, share)}
     results["bleu"] = None
     if config.task == "translation":
         model = api.Model(setup.cfg, setup.graphdef, params, layout)
         hyps = translate(model, ds, [s for s, _ in ds.eval_examples[:config.eval.max_examples]],
-                         config, batch)
+                         config, share)
         refs = [t for _, t in ds.eval_examples[:config.eval.max_examples]]
         results["bleu"] = scores.bleu(hyps, refs)
         results["examples"] = [{"source": s, "reference": r, "output": h} for (s, r), h in
                                zip(ds.eval_examples[:3], hyps[:3])]
+    if not lead:
+        return results
+    if results["bleu"] is not None:     # every hypothesis, in eval-set order (for sacrebleu & co)
+        atomic.write_text(workdir / TRANSLATIONS_FILE,
+                          "".join(" ".join(h.split()) + "\n" for h in hyps))
     scores.write_results(workdir, results)
     print_fn(scores.markdown(results))
     for ex in results.get("examples", []):
@@ -135,20 +150,30 @@ def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
     return results
 
 
-def translate(model: api.Model, ds, sources: list[str], config, batch: int) -> list[str]:
-    """Beam-search translations of ``sources``, detokenized, in order."""
-    L = config.max_length
-    out = []
-    for i in range(0, len(sources), batch):
-        chunk = sources[i:i + batch]
-        ids = np.zeros((batch, L), np.int32)
-        for row, text in enumerate(chunk):
-            tokens = ds.tokenizer.encode(text)[:L - 1] + [ds.tokenizer.eos_id]
-            ids[row, :len(tokens)] = tokens
-        generated = model.generate(ids, attention_mask=(ids != 0).astype(np.int32),
-                                   max_new_tokens=config.eval.max_decode_length,
-                                   num_beams=config.eval.num_beams,
-                                   length_penalty=config.eval.length_penalty,
-                                   eos_token_id=ds.tokenizer.eos_id)
-        out += [ds.tokenizer.decode(list(g[1:])) for g in generated[:len(chunk)]]
+def translate(model: api.Model, ds, sources: list[str], config,
+              share: hosts.Share) -> list[str]:
+    """Beam-search translations of ``sources``, detokenized, in order. The sources are cut
+    into one contiguous part per batch shard (as the eval batches are); each process tokenizes
+    the parts of its shards, the global batch is decoded on the mesh, and every process gets
+    the decoded ids of the whole batch back (a few KB) to detokenize."""
+    L, per = config.max_length, share.rows_per_shard
+    bounds = [data.part(len(sources), share.shards, s) for s in range(share.shards)]
+    out: list[str | None] = [None] * len(sources)
+    for k in range(max(-(-(hi - lo) // per) for lo, hi in bounds)):
+        ids = np.zeros((per * share.count, L), np.int32)
+        for i, shard in enumerate(share.local_shards):
+            lo, hi = bounds[shard]
+            for row, text in enumerate(sources[lo + k * per:min(hi, lo + (k + 1) * per)]):
+                tokens = ds.tokenizer.encode(text)[:L - 1] + [ds.tokenizer.eos_id]
+                ids[i * per + row, :len(tokens)] = tokens
+        batch = hosts.assemble({"ids": ids, "mask": (ids != 0).astype(np.int32)},
+                               model.layout, share)
+        generated = hosts.gather(model.new_tokens(
+            batch["ids"], batch["mask"], config.eval.max_decode_length, config.eval.num_beams,
+            length_penalty=config.eval.length_penalty, eos_token_id=ds.tokenizer.eos_id))
+        for shard, (lo, hi) in enumerate(bounds):
+            for row in range(per):
+                index = lo + k * per + row
+                if index < hi:
+                    out[index] = ds.tokenizer.decode(list(generated[shard * per + row]))
     return out

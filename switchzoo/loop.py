@@ -13,9 +13,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from switchzoo import atomic, checkpoints, cli, data, evaluate, hf, steps, validate, zoo
+from switchzoo import atomic, checkpoints, cli, data, evaluate, hf, hosts, steps, validate, zoo
 from switchzoo import metrics as metrics_lib
 from switchzoo import state as state_lib
+from switchzoo.data import pipeline
 from switchzoo.data import tokenizer as tokenizer_lib
 
 
@@ -43,18 +44,22 @@ def save_config(workdir: pathlib.Path, config, cfg) -> None:
 def train(config, workdir, print_fn=print) -> dict:
     """Runs (or resumes) the run of ``config`` in ``workdir``; returns the last logged row."""
     workdir = pathlib.Path(workdir)
+    if jax.process_count() > 1:                 # first: a differing config could fail anywhere
+        hosts.check_same_config(config.to_json_best_effort(sort_keys=True))
     validate.check(config)                      # settings, then the mesh: before any writing
     layout = state_lib.run_layout(config)
     state_lib.check_accumulation(config)
     zoo.entry(config.model)
-    lead = jax.process_index() == 0
+    share = hosts.agreed_share(layout, state_lib.global_batch_size(config))
+    lead = share.process == 0
+    announce = print_fn                         # every process says which rows it reads
     if not lead:
         print_fn = lambda *_: None              # noqa: E731  (one process speaks)
 
     def build_data():
-        return data.build(config.data, workdir, task=config.task,
-                          batch_size=state_lib.global_batch_size(config),
-                          max_length=config.max_length, seed=config.seed)
+        return data.build(config.data, workdir, task=config.task, batch_size=share.rows,
+                          max_length=config.max_length, seed=config.seed,
+                          shards=share.shards, local=share.local_shards)
     # Process 0 writes the workdir (config, corpus, tokenizer); the others then read it.
     if lead:
         check_workdir(workdir, config)
@@ -81,6 +86,9 @@ def train(config, workdir, print_fn=print) -> dict:
     if lead:
         save_config(workdir, config, cfg)
     print_fn(f"data: {ds.description}")
+    announce(share.describe(ds.train.num_examples))
+    if ds.train.reshaped:
+        print_fn(ds.train.reshaped)
     print_fn(f"model {config.model}: {sum(x.size for x in jax.tree.leaves(state.params)):,} "
              f"parameters | mesh {dict(layout.mesh.shape)} | layout {layout.text} | "
              f"{'resuming at step ' + str(start) if start else 'from step 0'}")
@@ -91,8 +99,8 @@ def train(config, workdir, print_fn=print) -> dict:
     with Preemption() as preempted:
         try:
             for step in range(start + 1, config.num_train_steps + 1):
-                batch = next(ds.train)
-                state, m = step_fn(state, steps.global_batch(batch, layout))
+                batch = next(ds.train)              # this process's rows
+                state, m = step_fn(state, hosts.assemble(batch, layout, share))
                 throughput.add(m["tokens"])
                 if step == start + 1:
                     throughput.restart(state)        # this process's first step: it compiled
@@ -105,16 +113,19 @@ def train(config, workdir, print_fn=print) -> dict:
                     check_finite(step, m)            # never checkpoint a diverged state
                     last = metrics_lib.row(step, m, float(schedule(step - 1)),
                                            throughput.rate())
-                    last["batch_sha1"] = metrics_lib.digest(batch)
+                    last.update(hosts.batch_fingerprint(batch, share))
                     if ds.spans:      # texts too short to corrupt, since this process began
                         last["skipped_documents"] = ds.spans.skipped
                     writer.write(last)
                     writer.progress(step, last["loss"], last["tokens_per_sec"])
                 if config.eval_every_steps and step % config.eval_every_steps == 0:
                     writer.write({"step": step, **evaluate.evaluate_loss(
-                        eval_fn, state.params, ds, layout)}, "eval")
+                        eval_fn, state.params, ds, layout, share)}, "eval")
                     throughput.restart(state)
-                ckpt.save(step, state, ds.train.get_state(), force=final)
+                if saving:                  # every process's streams, gathered
+                    ckpt.save(step, state, pipeline.merge_states(
+                        hosts.allgather_json(ds.train.get_state(), share.processes)),
+                        force=final)
                 if stopping:
                     print_fn(f"\npreempted: saved step {step}; run the same command to resume")
                     break

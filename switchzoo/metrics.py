@@ -57,6 +57,10 @@ class Throughput:
         return tokens / seconds if steps and seconds > 0 else None
 
 
+# Fields of a row that are bookkeeping, not curves (the batch fingerprints: switchzoo.hosts).
+NOT_PLOTTED = ("step", "batch_sha1", "shard_sha1", "shard_process")
+
+
 class Writer:
     """metrics.jsonl, TensorBoard and the progress bar of one run; only process 0 writes."""
 
@@ -79,7 +83,7 @@ class Writer:
             f.write(json.dumps({"split": prefix, **record}) + "\n")
         step = record["step"]
         for key, value in record.items():
-            if key == "step" or value is None or isinstance(value, str):
+            if key in NOT_PLOTTED or value is None or isinstance(value, str):
                 continue
             value = np.asarray(value, np.float64)
             if value.ndim == 0:

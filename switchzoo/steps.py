@@ -191,13 +191,3 @@ def params_finite(params):
     only where it checks a step (log and checkpoint steps), not inside every train step."""
     with jax.named_scope("checks"):
         return jnp.all(jnp.stack([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
-
-
-def global_batch(batch: dict, layout: layout_lib.Layout) -> dict:
-    """Every process reads the same global batch (the pipeline is deterministic); in a
-    multi-process run each contributes the shards its devices hold."""
-    if jax.process_count() == 1:
-        return batch
-    sharding = state_lib.batch_shardings(layout)
-    return {k: jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
-            for k, v in batch.items()}

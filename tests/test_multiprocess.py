@@ -1,27 +1,40 @@
 """JAX's own multi-process runtime: 2 processes x 4 CPU devices (jax.distributed.initialize on
-loopback, gloo collectives) train like 1 process x 8 devices, and their checkpoint resumes in a
-single process."""
+loopback, gloo collectives), each reading only its rows of every batch, train like 1 process x
+8 devices; both stop and resume as if uninterrupted; their checkpoint resumes in one process;
+evaluation split over the two gives one process's BLEU and perplexity; bad starts fail on every
+process in one line."""
 import json
 import os
 import pathlib
+import re
+import shutil
 import socket
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import FAST_COMPILE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+MESH = "--config.mesh=data:2,model:1,expert:4"
 
 
-def args(workdir, steps):
-    return [sys.executable, "train.py", f"--config=configs/mini.py:model=switch_tiny,steps={steps}",
+def args(workdir, steps, layout="dp_ep"):
+    return [sys.executable, "train.py", f"--config=configs/mini.py:model=switch_base_tiny,task=translation,steps={steps}",
             "--config.log_every_steps=1", "--config.checkpoint_every_steps=3",
             "--config.eval_every_steps=0", "--config.per_device_batch_size=2",
+            "--config.learning_rate=3e-5",       # barely trained: its outputs are not all EOS
             "--config.max_length=32", "--config.data.vocab_size=300",
-            "--config.data.embedded_max_pairs=2000", "--config.layout=dp_ep",
-            "--config.mesh=data:2,model:1,expert:4", f"--workdir={workdir}"]
+            "--config.data.embedded_max_pairs=2000", "--config.data.pair=en-de", f"--config.layout={layout}", MESH,
+            f"--workdir={workdir}"]
+
+
+def eval_args(workdir):
+    return [sys.executable, "eval.py", f"--workdir={workdir}", "--config.eval.max_examples=12",
+            "--config.data.max_eval_examples=40", "--config.eval.max_decode_length=6",
+            "--config.eval.num_beams=2"]
 
 
 def env(devices):
@@ -30,36 +43,114 @@ def env(devices):
             "PYTHONUNBUFFERED": "1"}
 
 
-def losses(workdir):
-    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: (r["loss"], r["batch_sha1"]) for r in rows if r["split"] == "train"}
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_two_processes_train_like_one_and_their_checkpoint_resumes_in_one(tmp_path):
+def two(command, extra=(), timeout=300):
+    """Runs ``command`` as processes 0 and 1 of a 2-process run; [(returncode, out, err)]."""
     port = free_port()
-    procs = [subprocess.Popen(args(tmp_path / "two", 6) + [
-        f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-        cwd=ROOT, env=env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)]
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-2000:]
-    one = subprocess.run(args(tmp_path / "one", 6), cwd=ROOT, env=env(8), capture_output=True,
-                         text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-2000:]
-    two, single = losses(tmp_path / "two"), losses(tmp_path / "one")
-    assert sorted(two) == sorted(single) == list(range(1, 7))
-    for step in single:
-        assert two[step][1] == single[step][1]                   # the same batches
-        np.testing.assert_allclose(two[step][0], single[step][0], rtol=1e-5)
-    resumed = subprocess.run(args(tmp_path / "two", 9), cwd=ROOT, env=env(8),
-                             capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resuming at step 6" in resumed.stdout
-    assert sorted(losses(tmp_path / "two")) == list(range(1, 10))
+    procs = [subprocess.Popen(command + [f"--coordinator_address=127.0.0.1:{port}",
+                                         "--num_processes=2", f"--process_id={i}",
+                                         *(extra[i] if extra else ())],
+                              cwd=ROOT, env=env(4), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    out = [(p, *p.communicate(timeout=timeout)) for p in procs]
+    return [(p.returncode, o, e) for p, o, e in out]
+
+
+def one(command, timeout=300):
+    run = subprocess.run(command, cwd=ROOT, env=env(8), capture_output=True, text=True,
+                         timeout=timeout)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+def ok(results):
+    for code, _, err in results:
+        assert code == 0, err[-2000:]
+    return results
+
+
+def rows(workdir):
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, lines) if r["split"] == "train"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """two: 2 processes, 6 steps, then both resumed to 9; moved: its step-6 checkpoint resumed
+    to 9 in one process; single: 1 process, 9 steps uninterrupted."""
+    root = tmp_path_factory.mktemp("multiprocess")
+    started = ok(two(args(root / "two", 6)))
+    shutil.copytree(root / "two", root / "moved")
+    resumed = ok(two(args(root / "two", 9)))
+    one(args(root / "moved", 9))
+    one(args(root / "single", 9))
+    return root, started, resumed
+
+
+def test_each_process_reads_its_rows_and_two_train_like_one(runs):
+    root, started, resumed = runs
+    for i, (_, out, _) in enumerate(started):      # every process names its split
+        assert re.search(rf"^input: process {i}/2 reads rows {8 * i}..{8 * i + 7} of each "
+                         rf"global batch \([\d,]+ examples, 8 per step; batch shards "
+                         rf"{4 * i}..{4 * i + 3} of 8\)$", out, re.M), out[-1000:]
+    two_rows, single = rows(root / "two"), rows(root / "single")
+    assert sorted(two_rows) == sorted(single) == list(range(1, 10))
+    for step, r in single.items():
+        t = two_rows[step]
+        assert t["shard_process"] == [0] * 4 + [1] * 4           # who read which shard
+        ours = [set(t["shard_sha1"][:4]), set(t["shard_sha1"][4:])]
+        assert not ours[0] & ours[1]                              # disjoint rows ...
+        assert t["shard_sha1"] == r["shard_sha1"]                 # ... whose union is 1's
+        assert t["batch_sha1"] == r["batch_sha1"]
+        np.testing.assert_allclose(t["loss"], r["loss"], rtol=1e-5)
+    assert all("resuming at step 6" in out for _, out, _ in resumed[:1])
+
+
+def test_a_two_process_checkpoint_resumes_in_one_process(runs):
+    root, _, _ = runs
+    moved, single = rows(root / "moved"), rows(root / "single")
+    assert sorted(moved) == list(range(1, 10))
+    for step in (7, 8, 9):
+        assert moved[step]["batch_sha1"] == single[step]["batch_sha1"]
+        np.testing.assert_allclose(moved[step]["loss"], single[step]["loss"], rtol=1e-5)
+
+
+def test_evaluation_over_two_processes_equals_one(runs):
+    root, _, _ = runs
+    results = ok(two(eval_args(root / "two")))
+    spread = json.loads((root / "two" / "results.json").read_text())
+    assert "BLEU" in results[0][1] and "BLEU" not in results[1][1]     # process 0 reports
+    outputs = (root / "two" / "translations.txt").read_text()
+    one(eval_args(root / "two"))
+    single = json.loads((root / "two" / "results.json").read_text())
+    assert spread["bleu"] is not None
+    for key in ("bleu", "neg_log_perplexity", "token_perplexity", "accuracy"):
+        np.testing.assert_allclose(spread[key], single[key], rtol=1e-5, err_msg=key)
+    assert (root / "two" / "translations.txt").read_text() == outputs
+    assert len(outputs.splitlines()) == 12 and len(set(outputs.splitlines())) > 1
+
+
+def test_bad_starts_fail_on_every_process_in_one_line(tmp_path):
+    cases = [
+        ("configs", [["--config.seed=1"], ["--config.seed=2"]], "dp_ep", "different configs"),
+        ("rows", None, "batch:expert+data,experts:expert", "not one contiguous run"),
+    ]
+    for name, extra, layout, message in cases:
+        for code, out, err in two(args(tmp_path / name, 2, layout), extra):
+            lines = err.strip().splitlines()
+            assert code == 2, (name, err[-2000:])
+            assert lines[-1].startswith("error: process ") and message in lines[-1], name
+        assert not (tmp_path / name).exists()                     # nothing written
+    alone = subprocess.run(args(tmp_path / "c", 2) + [
+        f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2",
+        "--process_id=1", "--coordinator_timeout=2"], cwd=ROOT, env=env(4), capture_output=True,
+        text=True, timeout=120)
+    assert alone.returncode == 2
+    assert alone.stderr.strip().splitlines()[-1].startswith(
+        "error: process 1/2: no coordinator answers at 127.0.0.1:")
+    assert not (tmp_path / "c").exists()

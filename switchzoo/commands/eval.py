@@ -25,6 +25,7 @@ flags.DEFINE_string("checkpoint", "", "A Hugging Face directory to evaluate inst
 flags.DEFINE_string("table", "", "Collect --runs into this paper table (see switchzoo.tables).")
 flags.DEFINE_list("runs", [], "Run directories for --table.")
 flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
+cli.define_distributed_flags()
 OVERRIDES = {}     # --config.FIELD=value given without --config=FILE: of the saved config
 
 
@@ -42,6 +43,7 @@ def run_eval():
     if not FLAGS.workdir:
         raise ValueError("give --workdir=DIR (or --table=NAME --runs=DIR,...)")
     config = FLAGS.config or evaluate.load_config(pathlib.Path(FLAGS.workdir), OVERRIDES)
+    cli.initialize_distributed()        # every process evaluates its share of the eval set
     evaluate.run(config, FLAGS.workdir, FLAGS.checkpoint)
 
 

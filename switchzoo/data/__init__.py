@@ -19,6 +19,7 @@ import dataclasses
 from typing import Iterator
 
 import ml_collections
+import numpy as np
 
 from switchzoo import scores
 from switchzoo.data import pipeline, sources
@@ -66,32 +67,65 @@ class Data:
     description: str
     eval_split: str = "held out"
     spans: pipeline.SpanFeaturizer | None = None     # span corruption's featurizer
-    _eval_features: list | None = dataclasses.field(default=None, repr=False)
+    _eval_cache: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def target_length(self) -> int:
         return self.spans.target_length if self.spans else self.max_length
 
-    def eval_batches(self) -> Iterator[dict]:
-        if self._eval_features is None:   # tokenized once, on first use
+    def eval_batches(self, shards: int = 1, local: range | None = None,
+                     num_batches: int = 0) -> Iterator[dict]:
+        """This process's rows of each evaluation batch: the eval set is cut into ``shards``
+        contiguous parts, part s filling shard s's rows (``local``: the shards read here,
+        default all); every shard runs ``num_batches`` batches at least (weight-0 rows), so
+        that processes holding shorter parts run as many steps as the others."""
+        local = range(shards) if local is None else local
+        per = self.batch_size // shards
+        parts = [self._eval_part(shards, s) for s in local]
+        n = max([num_batches] + [-(-len(f) // per) for f, _ in parts])
+        streams = [pipeline.eval_batches(f, self.task, per, self.max_length, w,
+                                         self.target_length, n) for f, w in parts]
+        for pieces in zip(*streams):
+            yield {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+
+    def eval_batch_count(self, shards: int = 1, local: range | None = None) -> int:
+        """Batches this process's shards need (processes agree on the largest)."""
+        per = self.batch_size // shards
+        return max(-(-len(self._eval_part(shards, s)[0]) // per)
+                   for s in (range(shards) if local is None else local))
+
+    def _eval_part(self, shards: int, shard: int) -> tuple[list[dict], list[int] | None]:
+        """(featurized examples, word counts) of part ``shard`` of the eval set; tokenized once."""
+        key = (shards, shard)
+        if key not in self._eval_cache:
+            lo, hi = part(len(self.eval_examples), shards, shard)
+            texts = self.eval_examples[lo:hi]
             if self.spans:
-                self._eval_features = self.spans.evaluation(self.eval_examples)
+                features = self.spans.evaluation(texts, first=lo)
             else:
                 featurize = pipeline.featurizer(self.tokenizer, self.task, self.max_length)
-                self._eval_features = [featurize(e) for e in self.eval_examples]
-        words = ([scores.count_words([t]) for t in self.eval_examples] if self.task == "lm"
-                 else None)
-        return pipeline.eval_batches(self._eval_features, self.task, self.batch_size,
-                                     self.max_length, words, self.target_length)
+                features = [featurize(e) for e in texts]
+            words = [scores.count_words([t]) for t in texts] if self.task == "lm" else None
+            self._eval_cache[key] = (features, words)
+        return self._eval_cache[key]
+
+
+def part(n: int, parts: int, index: int) -> tuple[int, int]:
+    """[lo, hi) of part ``index`` when ``n`` items are cut into ``parts`` contiguous parts whose
+    sizes differ by at most one."""
+    return index * n // parts, (index + 1) * n // parts
 
 
 def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
-          batch_size: int, max_length: int, seed: int = 0, evaluating: bool = False) -> Data:
+          batch_size: int, max_length: int, seed: int = 0, evaluating: bool = False,
+          shards: int = 1, local: range | None = None) -> Data:
     """The train iterator, eval batches and tokenizer for ``task`` (one of TASKS).
 
     The workdir holds the tokenizer (and the embedded corpus) so a resumed run reads exactly
     what it started with. ``evaluating``: no train iterator, and ``cfg.eval_files`` are the
-    evaluation examples whatever the source (a trained run scored on other text).
+    evaluation examples whatever the source (a trained run scored on other text). ``shards``
+    and ``local``: the global batch's batch shards and those this process reads
+    (switchzoo.hosts.Share); only their examples are ever tokenized here.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task '{task}'; use one of {', '.join(TASKS)}")
@@ -112,6 +146,7 @@ def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
                                         cfg.mean_noise_span_length)
     featurize = spans or pipeline.featurizer(tok, task, max_length)
     train = (None if evaluating else
-             pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed))
+             pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed,
+                                     shards, local))
     return Data(tok, train, corpus.eval, task, batch_size, max_length, corpus.description,
                 corpus.eval_split, spans)

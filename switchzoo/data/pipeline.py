@@ -92,10 +92,11 @@ class SpanFeaturizer:
                         "targets": np.append(targets, np.int32(EOS_ID))})
         return out
 
-    def evaluation(self, texts: list[str]) -> list[dict]:
-        """The evaluation examples of ``texts``: a fixed draw per text, whatever the run's seed,
-        so that runs compared in a table are scored on the same examples."""
-        return [ex for i, text in enumerate(texts)
+    def evaluation(self, texts: list[str], first: int = 0) -> list[dict]:
+        """The evaluation examples of ``texts`` (texts first, first + 1, ... of the eval set):
+        a fixed draw per text, whatever the run's seed or the process reading it, so that runs
+        compared in a table are scored on the same examples."""
+        return [ex for i, text in enumerate(texts, first)
                 for ex in self(text, np.random.default_rng([EVAL_SEED, i]), count=False)]
 
 
@@ -124,58 +125,145 @@ def _rename(task: str):
 
 
 class TrainIterator:
-    """Endless packed batches; ``get_state()`` is a JSON-ready dict, ``set_state`` resumes exactly.
+    """Endless packed batches of this process's rows; ``get_state()`` is a JSON-ready dict,
+    ``set_state`` resumes exactly.
 
-    The state records how far into the shuffled, repeated example stream the next batch starts,
-    so no buffers are saved: the pipeline re-reads and re-packs from there. It is only valid for
-    the same examples, batch size, length and seed, which it carries and checks.
+    The global batch is ``shards`` batch shards (switchzoo.hosts), each packed from a stream of
+    its own: shard s reads examples start + s, start + s + shards, ... of the shuffled,
+    repeated example stream. This process runs the streams of its ``local`` shards and yields
+    their rows in shard order, so the global batch depends on the shard count alone, never on
+    the process count.
+
+    The state records, per shard, how far into its stream the next batch starts, so no
+    buffers are saved: the pipeline re-reads and re-packs from there. A state of the same
+    shards resumes exactly on any process count; one of other shards (another mesh or batch
+    size) restarts every stream at the first example some shard had not read (``reshaped``
+    says so), which re-reads at most shards x (the shards' spread + a batch) examples.
     """
 
-    def __init__(self, dataset: grain.IterDataset, signature: dict):
-        self._iterator = iter(dataset)
+    def __init__(self, make_stream, shards: int, local: range, signature: dict):
+        self._make, self.shards, self.local = make_stream, shards, local
         self._signature = signature
+        self.reshaped = ""              # set_state: what a reshaped resume did, else ""
+        self._restart(0)
+
+    def _restart(self, start: int) -> None:
+        self.start = start
+        self._iterators = {s: iter(self._make(s, start)) for s in self.local}
 
     def __iter__(self) -> "TrainIterator":
         return self
 
+    @property
+    def num_examples(self) -> int:
+        return self._signature["num_examples"]
+
     def __next__(self) -> dict:
-        return next(self._iterator)
+        parts = [next(self._iterators[s]) for s in self.local]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def get_state(self) -> dict:
-        state = json.loads(json.dumps(self._iterator.get_state(), default=int))
-        return {"grain": state, **self._signature}
+        """This process's shards; ``merge_states`` joins the states of all processes."""
+        shards = {str(s): json.loads(json.dumps(it.get_state(), default=int))
+                  for s, it in self._iterators.items()}
+        return {"shards": shards, "num_shards": self.shards, "start": self.start,
+                **self._signature}
 
     def set_state(self, state: dict) -> None:
-        saved = {k: state.get(k) for k in self._signature}
-        if saved != self._signature:
+        state = _upgrade(state)
+        same = {k: state.get(k) for k in self._signature if k != "batch_size"}
+        if same != {k: v for k, v in self._signature.items() if k != "batch_size"}:
+            saved = {k: state.get(k) for k in self._signature}
             raise ValueError(f"data iterator state was saved for {saved} but this pipeline has "
-                             f"{self._signature}; resume with the same data, batch size, "
-                             "max_length and seed, or start a new workdir")
-        self._iterator.set_state(state["grain"])
+                             f"{self._signature}; resume with the same data, max_length and "
+                             "seed, or start a new workdir")
+        exact = (state["num_shards"] == self.shards
+                 and state["batch_size"] == self._signature["batch_size"]
+                 and all(str(s) in state["shards"] for s in self.local))
+        if exact:
+            self._restart(state["start"])
+            for s in self.local:
+                self._iterators[s].set_state(state["shards"][str(s)])
+            return
+        read = [_source_position(v) for v in state["shards"].values()]
+        old = state["num_shards"]
+        start = state["start"] + old * min(read)
+        self.reshaped = (
+            f"data: the checkpoint's input was {old} batch shards of "
+            f"{state['batch_size'] // old} rows, this run reads {self.shards} of "
+            f"{self._signature['batch_size'] // self.shards}: every stream restarts at example "
+            f"{start:,} of the shuffled stream (the first one some shard had not read; up to "
+            f"{old * (max(read) - min(read)):,} examples after it were read before and are read "
+            "again, and examples the packers held unfinished are skipped)")
+        self._restart(start)
+
+
+def merge_states(states: list[dict]) -> dict:
+    """The states of every process (their shards) -> one state of the whole global batch."""
+    merged = dict(states[0], shards={})
+    for state in states:
+        merged["shards"].update(state["shards"])
+    return merged
+
+
+def _upgrade(state: dict) -> dict:
+    """A state saved before batch shards existed (one stream of the whole batch)."""
+    if "shards" in state:
+        return state
+    rest = {k: v for k, v in state.items() if k != "grain"}
+    return {**rest, "shards": {"0": state["grain"]}, "num_shards": 1, "start": 0}
+
+
+def _source_position(state) -> int:
+    """How many examples a stream's source has handed on: the innermost ``next_index``."""
+    if isinstance(state, dict):
+        inner = [_source_position(v) for v in state.values() if isinstance(v, dict)]
+        inner = [x for x in inner if x is not None]
+        if inner:
+            return inner[0]
+        if "next_index" in state:
+            return int(state["next_index"])
+    return None
+
+
+def shard_seed(seed: int, shard: int) -> int:
+    """Each shard's own draws (shard 0 keeps the run's seed, as before shards existed)."""
+    return (seed + 1_000_003 * shard) % 2**32
 
 
 def train_iterator(examples: Sequence, featurize, task: str, batch_size: int, max_length: int,
-                   seed: int) -> TrainIterator:
-    """Shuffle (a new order each epoch) -> repeat -> tokenize -> first-fit pack -> batch.
+                   seed: int, shards: int = 1, local: range | None = None) -> TrainIterator:
+    """Shuffle (a new order each epoch) -> repeat -> this shard's examples -> tokenize ->
+    first-fit pack -> batches of ``batch_size // shards`` rows per shard.
 
     Span corruption: ``featurize`` is a SpanFeaturizer (random_map: a draw per stream position,
     then its chunks flattened) and targets rows are its ``target_length`` long."""
     seed = seed % 2**32
-    dataset = grain.MapDataset.source(examples).shuffle(seed=seed).repeat(None)
+    if batch_size % shards:
+        raise ValueError(f"a batch of {batch_size} rows does not split into {shards} batch "
+                         f"shards; use a batch size that is a multiple of {shards}")
     spans = isinstance(featurize, SpanFeaturizer)
     target_length = featurize.target_length if spans else None
-    dataset = dataset.random_map(featurize, seed=seed) if spans else dataset.map(featurize)
-    # Tokenizing runs in this thread: SentencePiece holds the GIL, so threads would only add
-    # hand-over cost (measured), and the order stays trivially determined.
-    dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-    if spans:
-        dataset = grain.experimental.FlatMapIterDataset(dataset, _Flatten())
-    dataset = pack(dataset, task, batch_size, max_length, seed, target_length)
+    rows = batch_size // shards
+
+    def stream(shard: int, start: int) -> grain.IterDataset:
+        own = shard_seed(seed, shard)
+        dataset = grain.MapDataset.source(examples).shuffle(seed=seed).repeat(None)
+        if shards > 1 or start:
+            dataset = dataset[start + shard::shards]
+        dataset = dataset.random_map(featurize, seed=own) if spans else dataset.map(featurize)
+        # Tokenizing runs in this thread: SentencePiece holds the GIL, so threads would only
+        # add hand-over cost (measured), and the order stays trivially determined.
+        dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+        if spans:
+            dataset = grain.experimental.FlatMapIterDataset(dataset, _Flatten())
+        return pack(dataset, task, rows, max_length, own, target_length)
+
     signature = {"num_examples": len(examples), "batch_size": batch_size,
                  "max_length": max_length, "seed": seed}
     if target_length is not None:
         signature["target_length"] = target_length
-    return TrainIterator(dataset, signature)
+    return TrainIterator(stream, shards, range(shards) if local is None else local, signature)
 
 
 def pack(dataset: grain.IterDataset, task: str, batch_size: int, max_length: int,
@@ -189,10 +277,11 @@ def pack(dataset: grain.IterDataset, task: str, batch_size: int, max_length: int
 
 def eval_batches(featurized: list[dict], task: str, batch_size: int, max_length: int,
                  num_words: list[int] | None = None,
-                 target_length: int | None = None) -> Iterator[dict]:
-    """One example per row, padded; the last batch is filled with weight-0 rows."""
+                 target_length: int | None = None, num_batches: int = 0) -> Iterator[dict]:
+    """One example per row, padded; the last batch is filled with weight-0 rows, and batches
+    of weight-0 rows follow up to ``num_batches`` (every process runs as many)."""
     length = {"inputs": max_length, "targets": target_length or max_length}
-    for start in range(0, len(featurized), batch_size):
+    for start in range(0, max(len(featurized), num_batches * batch_size), batch_size):
         rows = featurized[start:start + batch_size]
         batch = {side: np.zeros((batch_size, length[side]), np.int32)
                  for side in ("inputs", "targets")}
