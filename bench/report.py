@@ -99,7 +99,23 @@ def pipeline_section(r: dict) -> list[str]:
             f"{c['config']} ({c['model']}, batch {c['batch']} x {c['length']}, packed): the "
             f"pipeline delivers {p['batches_per_s']} batches/s ({p['target_tokens_per_s']:,.0f} "
             f"target tokens/s); the train step consumes {t['batches_per_s']} batches/s "
-            f"({t['step_s']} s/step).", ""]
+            f"({t['step_s']} s/step).", ""] + pod_hosts_lines(r.get("pod_hosts"))
+
+
+def pod_hosts_lines(pod: dict | None) -> list[str]:
+    """One host of an H-host pod: its input at its own share (per-host input) and, before it,
+    the whole global batch on every host, each over what the host's devices consume."""
+    if not pod:
+        return []
+    lines = [f"One host of an H-host pod, consuming {pod['consumed_target_tokens_per_s']:,.0f} "
+             "target tokens/s (the demo step on this host's device):", "",
+             "| hosts | this host's share, tokens/s | share / consumption (per-host input) | "
+             "before: whole batch / (H x consumption) |", "|---|---|---|---|"]
+    for h, v in pod["hosts"].items():
+        lines.append(f"| {int(h):,} | {v['share_tokens_per_s']:,.0f} | "
+                     f"{v['after_share_over_consumption']} | "
+                     f"{v['before_whole_over_h_x_consumption']} |")
+    return lines + [""]
 
 
 def decode_section(r: dict) -> list[str]:
