@@ -2,7 +2,6 @@
 in docs/design.md), TensorBoard events, and a tqdm progress bar on the terminal."""
 from __future__ import annotations
 
-import hashlib
 import json
 import pathlib
 import sys
@@ -20,15 +19,6 @@ def row(step: int, metrics: dict, learning_rate: float, tokens_per_sec: float | 
         value = np.asarray(value)
         out[key] = value.round(5).tolist() if value.ndim else float(value)
     return out
-
-
-def digest(batch: dict) -> str:
-    """A fingerprint of the batch a step consumed (resumed runs must consume the same ones)."""
-    h = hashlib.sha1()
-    for key in sorted(batch):
-        h.update(key.encode())
-        h.update(np.ascontiguousarray(batch[key]).tobytes())
-    return h.hexdigest()
 
 
 class Throughput:

@@ -9,7 +9,7 @@ import pytest
 from switchzoo import cli, data, hosts
 from switchzoo import state as state_lib
 from switchzoo.data import pipeline
-from test_data import assert_same, corpus, files_config, pairs, take  # noqa: F401 (fixtures)
+from test_data import assert_same, corpus, files_config, pairs, take  # noqa: F401,F811 (fixtures)
 
 L = 32
 
