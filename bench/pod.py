@@ -21,7 +21,8 @@ Choices (the Switch paper, arXiv 2101.03961):
     Switch-C: expert parallelism only (mesh expert:2048, layout "batch:expert,experts:expert"),
     one expert per device, dense weights replicated, as the paper ran Switch-C.
   * Batch: one sequence of --length 512 tokens per device for the inputs and the targets (the
-    model is an encoder-decoder), so 2048 devices hold the paper's 2^20 tokens per batch.
+    model is an encoder-decoder), so 2048 devices hold the paper's 2^20 tokens per batch; with
+    a 'model' axis, one per model replica (its devices split that sequence's work).
   * Routing groups: when a device holds fewer tokens than the catalogue's group, the group
     shrinks to the device's tokens (--group-size), so the groups split evenly over the devices
     and each device routes its own tokens. With the catalogue's groups (e.g. 2048 tokens for
@@ -86,19 +87,22 @@ def resolve(spec: str) -> dict:
         experts = cfg.moe.num_experts if cfg.moe else 1
         e = math.gcd(devices, experts)
         mesh = f"data:{devices // e},model:1,expert:{e}"
+    # The devices of one model replica (the 'model' axis) hold the same tokens.
+    model_axis = int(dict(a.split(":") for a in mesh.split(",")).get("model", 1))
     return {"case": spec, "model": model, "devices": devices, "mesh": mesh, "layout": layout,
+            "batch_shards": devices // model_axis,
             "catalogue_group_size": cfg.moe.group_size if cfg.moe else None}
 
 
 def command(case: dict, args) -> list[str]:
-    batch = case["devices"] * args.per_device_batch
+    batch = case["batch_shards"] * args.per_device_batch
     cmd = [sys.executable, "-m", "switchzoo.layout", "--json", "--model", case["model"],
            "--devices", str(case["devices"]), "--mesh", case["mesh"], "--layout", case["layout"],
            "--optimizer", args.optimizer, "--batch", str(batch), "--length", str(args.length)]
     group = case["catalogue_group_size"]
-    tokens_per_device = args.per_device_batch * args.length
-    if group is not None and not args.catalogue_groups and group > tokens_per_device:
-        cmd += ["--group-size", str(tokens_per_device)]
+    tokens_per_shard = args.per_device_batch * args.length
+    if group is not None and not args.catalogue_groups and group > tokens_per_shard:
+        cmd += ["--group-size", str(tokens_per_shard)]
     if args.cpu_decompose_all_to_all:
         cmd.append("--cpu-decompose-all-to-all")
     cmd += ["--dtype", args.dtype, "--remat", args.remat] + ([] if args.no_scan
@@ -177,7 +181,8 @@ def add_step_arguments(p) -> None:
     """The train step's settings (shared with bench/pod_fit.py)."""
     p.add_argument("--length", type=int, default=512, help="tokens per sequence (inputs and "
                                                            "targets)")
-    p.add_argument("--per-device-batch", type=int, default=1, help="sequences per device")
+    p.add_argument("--per-device-batch", type=int, default=1,
+                   help="sequences per device (per model replica with a 'model' axis)")
     p.add_argument("--optimizer", default="adafactor", choices=("adafactor", "adamw"))
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                    help="activation dtype (parameters, router and optimizer stay float32)")

@@ -1,15 +1,17 @@
 """Fitting the paper's hardware: the smallest slice on which each Switch model's train step fits
 a TPUv3 core's 16 GiB, and compile time against depth with scanned and unrolled layers.
 
-    python bench/pod_fit.py --out docs/bench/pod_fit.json          # every part (~15 min here)
-    python bench/pod_fit.py --parts fit --models switch_base_128   # one model's search
+    python bench/pod_fit.py --out docs/bench/pod_fit.json         # every part (~15 min here)
+    python bench/pod_fit.py --parts fit --models switch_base_128  # one model's search
 
 Fit: each model's train step is compiled (bench/pod.py's case runner: the layout inspector in a
 fresh process on N simulated CPU devices) at power-of-two device counts, halving while it fits
 and doubling while it does not, until the boundary is found; at each count every mesh below is
-tried and the lowest peak counts; every case tried is reported. A case fits when XLA's memory analysis per device (peak estimate: arguments + outputs - aliased +
-temporaries, switchzoo/inspector.py) is at most --budget-gib. One sequence of 512 tokens per
-device (inputs and targets), so the global batch grows with the slice; bfloat16 activations,
+tried and the lowest peak counts; every case tried is reported. A case fits when XLA's memory
+analysis per device (peak estimate: arguments + outputs - aliased + temporaries,
+switchzoo/inspector.py) is at most --budget-gib. One sequence of 512 tokens per
+device, or per model replica with a model axis (inputs and targets), so the global batch grows
+with the slice; bfloat16 activations,
 every block rematerialised, layers scanned (bench/pod.py's defaults). Parallelism per model:
   * switch_base_128, switch_large_128: data + expert (as bench/pod.py: expert axis
     gcd(devices, experts), the batch over every device, dense weights replicated).
