@@ -86,12 +86,12 @@ def train(config, workdir, print_fn=print) -> dict:
     if lead:
         save_config(workdir, config, cfg)
     print_fn(f"data: {ds.description}")
-    announce(share.describe(ds.train.num_examples))
-    if ds.train.reshaped:
-        print_fn(ds.train.reshaped)
     print_fn(f"model {config.model}: {sum(x.size for x in jax.tree.leaves(state.params)):,} "
              f"parameters | mesh {dict(layout.mesh.shape)} | layout {layout.text} | "
              f"{'resuming at step ' + str(start) if start else 'from step 0'}")
+    announce(share.describe(ds.train.num_examples))
+    if ds.train.reshaped:
+        print_fn(ds.train.reshaped)
     step_fn = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps)
     eval_fn = steps.make_eval_step(setup)
     writer = metrics_lib.Writer(workdir, config.num_train_steps, start)

@@ -222,8 +222,11 @@ def test_train_is_deterministic_endless_and_resumable(corpus, tmp_path):
     resumed = data.build(cfg, tmp_path, task="lm", batch_size=B, max_length=L, seed=3)
     resumed.train.set_state(state)
     assert_same(take(resumed.train, 3), expected)
-    wrong = data.build(cfg, tmp_path, task="lm", batch_size=B + 1, max_length=L, seed=3)
-    with pytest.raises(ValueError, match="batch_size"):
+    wider = data.build(cfg, tmp_path, task="lm", batch_size=B + 1, max_length=L, seed=3)
+    wider.train.set_state(state)          # another batch: the stream restarts, and says where
+    assert "every stream restarts at example" in wider.train.reshaped
+    wrong = data.build(cfg, tmp_path, task="lm", batch_size=B, max_length=L + 1, seed=3)
+    with pytest.raises(ValueError, match="max_length"):
         wrong.train.set_state(state)
 
 
