@@ -190,10 +190,13 @@ def peer_section(r: dict, figures: Path) -> list[str]:
 
 
 def pod_section(r: dict) -> list[str]:
+    cfg = r["config"]         # results from before dtype / remat / scan were recorded: f32 etc.
     lines = ["### Pod-scale dry run (`bench/pod.py`)", "",
              f"Train step compiled for N simulated CPU devices from abstract state (nothing "
-             f"allocated); {r['config']['optimizer']}, one sequence of {r['config']['length']} "
-             "tokens per device (inputs and targets), float32. Bytes per device.", "",
+             f"allocated); {cfg['optimizer']}, one sequence of {cfg['length']} tokens per "
+             f"device (inputs and targets), {cfg.get('dtype', 'float32')} activations, remat "
+             f"{cfg.get('remat', 'none')}, {'scanned' if cfg.get('scan_layers') else 'unrolled'}"
+             " layers. Bytes per device.", "",
              "| case | devices | mesh | params | optimizer | arguments | temporaries | "
              "peak estimate | all-to-all | all-reduce | all-gather | compile s | wall s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
