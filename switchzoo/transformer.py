@@ -218,7 +218,8 @@ class Stack(nnx.Module):
         The stats come back in layer order: {name: [sparse layers, ...]}."""
         graphdef, params = nnx.split(self.scanned)
         groups = self.num_layers // self.period
-        group_keys = None if keys is None else keys.reshape(groups, self.period)
+        group_keys = (None if keys is None                  # typed keys, or raw [n, 2]
+                      else keys.reshape((groups, self.period) + keys.shape[1:]))
 
         def group(x_BTD, xs):
             params, keys = xs
