@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from conftest import FAST_COMPILE
 
@@ -79,28 +78,26 @@ def rows(workdir):
     return {r["step"]: r for r in map(json.loads, lines) if r["split"] == "train"}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """two: 2 processes, 6 steps, then both resumed to 9; moved: its step-6 checkpoint resumed
-    to 9 in one process; single: 1 process, 9 steps uninterrupted."""
-    root = tmp_path_factory.mktemp("multiprocess")
-    started = ok(two(args(root / "two", 6)))
-    shutil.copytree(root / "two", root / "moved")
-    resumed = ok(two(args(root / "two", 9)))
-    one(args(root / "moved", 9))
-    one(args(root / "single", 9))
-    return root, started, resumed
+def test_two_processes_train_resume_and_evaluate_like_one(tmp_path):
+    """One test, not several on a shared fixture: pytest-xdist's worksteal may hand tests of one
+    module to both workers, and each would then repeat these runs (~80 s)."""
+    # two: 2 processes, 6 steps, then both stopped and resumed to 9; moved: its step-6
+    # checkpoint resumed to 9 in one process; single: 1 process, 9 steps uninterrupted.
+    started = ok(two(args(tmp_path / "two", 6)))
+    shutil.copytree(tmp_path / "two", tmp_path / "moved")
+    resumed = ok(two(args(tmp_path / "two", 9)))
+    one(args(tmp_path / "moved", 9))
+    one(args(tmp_path / "single", 9))
 
-
-def test_each_process_reads_its_rows_and_two_train_like_one(runs):
-    root, started, resumed = runs
-    for i, (_, out, _) in enumerate(started):      # every process names its split
+    # Each process names its split, reads disjoint rows, and together they read 1's batch.
+    for i, (_, out, _) in enumerate(started):
         assert re.search(rf"^input: process {i}/2 reads rows {8 * i}..{8 * i + 7} of each "
                          rf"global batch \([\d,]+ examples, 8 per step; batch shards "
                          rf"{4 * i}..{4 * i + 3} of 8\)$", out, re.M), out[-1000:]
-    two_rows, single = rows(root / "two"), rows(root / "single")
+    two_rows, single = rows(tmp_path / "two"), rows(tmp_path / "single")
     assert sorted(two_rows) == sorted(single) == list(range(1, 10))
-    for step, r in single.items():
+    assert "resuming at step 6" in resumed[0][1]
+    for step, r in single.items():          # steps 7-9: both processes resumed = uninterrupted
         t = two_rows[step]
         assert t["shard_process"] == [0] * 4 + [1] * 4           # who read which shard
         ours = [set(t["shard_sha1"][:4]), set(t["shard_sha1"][4:])]
@@ -108,30 +105,25 @@ def test_each_process_reads_its_rows_and_two_train_like_one(runs):
         assert t["shard_sha1"] == r["shard_sha1"]                 # ... whose union is 1's
         assert t["batch_sha1"] == r["batch_sha1"]
         np.testing.assert_allclose(t["loss"], r["loss"], rtol=1e-5)
-    assert all("resuming at step 6" in out for _, out, _ in resumed[:1])
 
-
-def test_a_two_process_checkpoint_resumes_in_one_process(runs):
-    root, _, _ = runs
-    moved, single = rows(root / "moved"), rows(root / "single")
+    # The 2-process checkpoint resumes in one process as if uninterrupted.
+    moved = rows(tmp_path / "moved")
     assert sorted(moved) == list(range(1, 10))
     for step in (7, 8, 9):
         assert moved[step]["batch_sha1"] == single[step]["batch_sha1"]
         np.testing.assert_allclose(moved[step]["loss"], single[step]["loss"], rtol=1e-5)
 
-
-def test_evaluation_over_two_processes_equals_one(runs):
-    root, _, _ = runs
-    results = ok(two(eval_args(root / "two")))
-    spread = json.loads((root / "two" / "results.json").read_text())
+    # Evaluation spread over two processes = one process: BLEU, perplexity, every hypothesis.
+    results = ok(two(eval_args(tmp_path / "two")))
+    spread = json.loads((tmp_path / "two" / "results.json").read_text())
     assert "BLEU" in results[0][1] and "BLEU" not in results[1][1]     # process 0 reports
-    outputs = (root / "two" / "translations.txt").read_text()
-    one(eval_args(root / "two"))
-    single = json.loads((root / "two" / "results.json").read_text())
+    outputs = (tmp_path / "two" / "translations.txt").read_text()
+    one(eval_args(tmp_path / "two"))
+    alone = json.loads((tmp_path / "two" / "results.json").read_text())
     assert spread["bleu"] is not None
     for key in ("bleu", "neg_log_perplexity", "token_perplexity", "accuracy"):
-        np.testing.assert_allclose(spread[key], single[key], rtol=1e-5, err_msg=key)
-    assert (root / "two" / "translations.txt").read_text() == outputs
+        np.testing.assert_allclose(spread[key], alone[key], rtol=1e-5, err_msg=key)
+    assert (tmp_path / "two" / "translations.txt").read_text() == outputs
     assert len(outputs.splitlines()) == 12 and len(set(outputs.splitlines())) > 1
 
 
