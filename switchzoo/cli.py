@@ -136,6 +136,16 @@ def define_distributed_flags() -> None:
 
 
 PROCESS = ""        # "process i/P: " once this process is one of several (prefixes errors)
+DISTRIBUTED_FLAGS = ("coordinator_address", "num_processes", "process_id", "distributed",
+                     "coordinator_timeout")
+
+
+def refuse_distributed_flags(why: str) -> None:
+    """A distributed flag given where the command runs in one process is a bad flag."""
+    given = [f"--{name}" for name in DISTRIBUTED_FLAGS if flags.FLAGS[name].present]
+    if given:
+        bad_flag(f"{', '.join(given)}: {why} runs in one process; drop "
+                 f"{'it' if len(given) == 1 else 'them'}")
 
 
 def initialize_distributed() -> None:

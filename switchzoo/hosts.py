@@ -60,9 +60,8 @@ def share(layout, rows: int) -> Share:
     process's devices hold batch shards that are not one contiguous run (a mesh whose batch
     axes do not follow the processes)."""
     sharding = state_lib.batch_shardings(layout)
-    spec = sharding.spec[0] if len(sharding.spec) else None
-    axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
-    shards = int(np.prod([layout.mesh.shape[a] for a in axes], dtype=np.int64))
+    shards = layout.parts("batch")
+    axes = layout.rules.get("batch", ())
     if rows % shards:
         raise ValueError(
             f"the global batch of {rows} rows does not split into the {shards} batch shards of "

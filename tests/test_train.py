@@ -59,6 +59,15 @@ def test_train_py_rejects_bad_flags_in_one_line(tmp_path, flag, message):
     assert not any(tmp_path.iterdir()), "a failed start must not write into the workdir"
 
 
+def test_distributed_flags_where_one_process_runs_are_refused():
+    out = subprocess.run([sys.executable, "train.py", "--config=configs/demo.py", "--dry_run",
+                          "--num_processes=2", "--coordinator_timeout=5"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120,
+                         env={**os.environ, "XLA_FLAGS": FAST_COMPILE})
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "--num_processes, --coordinator_timeout: --dry_run compiles" in out.stderr
+
+
 @pytest.mark.parametrize("name", ["demo", "wmt", "lm1b", "mini", "c4", "c4_cpu"])
 def test_every_run_config_loads_opens_with_its_command_and_refuses_unknown_variants(name):
     import importlib

@@ -38,6 +38,7 @@ def main(argv):
 def run_eval():
     FLAGS = flags.FLAGS
     if FLAGS.table:
+        cli.refuse_distributed_flags("--table reads results.json files and")
         print(tables.collect(FLAGS.table, FLAGS.runs))
         return
     if not FLAGS.workdir:

@@ -36,6 +36,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)   # JAX's backend probing is noise here
     f = flags.FLAGS
     if f.dry_run:
+        cli.refuse_distributed_flags("--dry_run compiles on simulated devices and")
         cli.run(lambda: _dry_run(f))
     elif f.devices is not None:
         cli.bad_flag("--devices is read only with --dry_run; drop it (a run uses the devices "

@@ -171,9 +171,8 @@ class TrainIterator:
 
     def set_state(self, state: dict) -> None:
         state = _upgrade(state)
-        same = {k: state.get(k) for k in self._signature if k != "batch_size"}
-        if same != {k: v for k, v in self._signature.items() if k != "batch_size"}:
-            saved = {k: state.get(k) for k in self._signature}
+        saved = {k: state.get(k) for k in self._signature}
+        if any(saved[k] != v for k, v in self._signature.items() if k != "batch_size"):
             raise ValueError(f"data iterator state was saved for {saved} but this pipeline has "
                              f"{self._signature}; resume with the same data, max_length and "
                              "seed, or start a new workdir")
