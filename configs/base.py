@@ -31,7 +31,11 @@ def get_base() -> ml_collections.ConfigDict:
     c.scan_layers = False                 # scan each stack's repeating (dense, sparse) group
     c.remat = "none"                      # rematerialise each block: none | full | dots
     c.shard_optimizer_over_data = False   # weight-update sharding (arXiv 2004.13336)
-    c.init_from = ""                      # a Hugging Face directory to fine-tune from
+    c.init_from = ""                      # a Hugging Face directory (or switchzoo workdir) to
+                                          # start from: its weights, a fresh optimizer
+    c.distill = ml_collections.ConfigDict()   # Switch paper sec. 4.2: distil a teacher run
+    c.distill.teacher = ""                # the teacher: a switchzoo workdir (or HF directory)
+    c.distill.weight = 0.25               # of the teacher's probabilities; 1 - weight: labels
     c.moe = ml_collections.ConfigDict()   # overrides of the catalogue's routing (None: keep)
     c.moe.top_k = config_dict.placeholder(int)
     c.moe.train_capacity_factor = config_dict.placeholder(float)
@@ -44,6 +48,11 @@ def get_base() -> ml_collections.ConfigDict:
     c.moe.z_loss_weight = config_dict.placeholder(float)    # router z-loss (ST-MoE: 0.001)
     c.moe.jitter = config_dict.placeholder(float)           # router input noise in training
     c.moe.expert_dropout = config_dict.placeholder(float)   # dropout inside experts (fine-tuning)
+    c.moe.router = config_dict.placeholder(str)       # tokens_choose | experts_choose
+    c.moe.noncausal_decoder = config_dict.placeholder(bool)  # experts_choose in decoders too
+    c.moe.balance = config_dict.placeholder(str)      # aux_loss | bias (DeepSeek-V3)
+    c.moe.bias_rate = config_dict.placeholder(float)  # bias balancing: step of the bias
+    c.moe.num_shared_experts = config_dict.placeholder(int)  # DeepSeekMoE shared experts
     c.data = data.default_config()
     c.eval = ml_collections.ConfigDict()
     c.eval.num_beams = 4

@@ -7,6 +7,8 @@ import math
 # Rematerialisation of each block (and of each scanned group of blocks) in the backward pass,
 # named after the jax.checkpoint policy each stands for (switchzoo.transformer.REMAT_POLICIES).
 REMAT = ("none", "full", "dots")
+ROUTERS = ("tokens_choose", "experts_choose")
+BALANCE = ("aux_loss", "bias")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +41,19 @@ class MoeConfig:
     dispatch: str = "auto"
     grouped_matmul: str = "auto"         # dropless: "auto" | "blocks" | "ragged_dot"
     block_size: int = 128                # dropless "blocks": rows per block
+    # Who chooses: "tokens_choose" (each token its top-k experts, capacity drops the rest) or
+    # "experts_choose" (Zhou et al. 2022: each expert its top-C tokens of a group; a token gets
+    # 0..E experts; balanced by construction). experts_choose looks at every token of a group,
+    # so it is not causal: it routes encoder stacks, and decoder stacks only with
+    # noncausal_decoder (training and perplexity; not for generation).
+    router: str = "tokens_choose"
+    noncausal_decoder: bool = False
+    # Load balancing: "aux_loss" (Switch eq. 4, weight aux_loss_weight) or "bias" (DeepSeek-V3:
+    # a per-expert bias added to the router probabilities for the choice only, moved by
+    # bias_rate * sign(mean load - load) after each step, outside the gradient; no aux loss).
+    balance: str = "aux_loss"
+    bias_rate: float = 0.001
+    num_shared_experts: int = 0          # DeepSeekMoE: dense experts every token passes through
 
     def __post_init__(self):
         if not 1 <= self.top_k <= self.num_experts:
@@ -54,19 +69,36 @@ class MoeConfig:
             raise ValueError(f"moe.grouped_matmul={self.grouped_matmul!r} / block_size="
                              f"{self.block_size}: use 'auto', 'blocks' or 'ragged_dot' and a "
                              "block size >= 1")
+        if self.router not in ROUTERS:
+            raise ValueError(f"moe.router={self.router!r}: use one of {', '.join(ROUTERS)}")
+        if self.balance not in BALANCE:
+            raise ValueError(f"moe.balance={self.balance!r}: use one of {', '.join(BALANCE)}")
+        if self.balance == "bias" and self.router == "experts_choose":
+            raise ValueError("moe.balance='bias' with moe.router='experts_choose': experts-choose "
+                             "routing is balanced by construction; use moe.balance='aux_loss' "
+                             "(its aux loss is not used) or router='tokens_choose'")
+        if self.num_shared_experts < 0 or self.bias_rate < 0:
+            raise ValueError(f"moe.num_shared_experts={self.num_shared_experts} / bias_rate="
+                             f"{self.bias_rate}: both must be >= 0")
         if self.group_size < 0 or self.min_capacity < 1:
             raise ValueError(f"moe.group_size={self.group_size} / min_capacity="
                              f"{self.min_capacity}: use a group size >= 0 (0: one group per "
                              "sequence) and a minimum capacity >= 1")
 
     def capacity(self, group_size: int, train: bool) -> int:
-        """Slots per expert per group: ceil(k * N * factor / E), at least min_capacity."""
+        """Slots per expert per group: ceil(k * N * factor / E), at least min_capacity (k = 1
+        for experts-choose: C = N * factor / E, as Zhou et al.)."""
         if self.expert_capacity is not None:
             return self.expert_capacity
         factor = self.train_capacity_factor if train else self.eval_capacity_factor
+        k = 1 if self.router == "experts_choose" else self.top_k
         # round() first: 100 * 1.1 / 10 is 11.000000000000002 in floating point, not 12 slots.
-        c = math.ceil(round(self.top_k * group_size * factor / self.num_experts, 9))
+        c = math.ceil(round(k * group_size * factor / self.num_experts, 9))
         return max(c, self.min_capacity)
+
+    def experts_choose(self, encoder: bool) -> bool:
+        """Whether the Switch layers of this stack route experts-choose."""
+        return self.router == "experts_choose" and (encoder or self.noncausal_decoder)
 
     def is_sparse(self, layer: int, encoder: bool = False) -> bool:
         explicit = self.encoder_sparse_layers if encoder else self.sparse_layers

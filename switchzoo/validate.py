@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 
-from switchzoo.config import REMAT
+from switchzoo.config import BALANCE, REMAT, ROUTERS
 from switchzoo.configs import base
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +75,9 @@ RANGES = {
     "moe.z_loss_weight": at_least(0),
     "moe.jitter": FRACTION,
     "moe.expert_dropout": FRACTION,
+    "moe.bias_rate": at_least(0),
+    "distill.weight": Range(0, 1),
+    "moe.num_shared_experts": at_least(0),
 }
 CHOICES = {
     "task": ("translation", "lm", "span_corruption"),
@@ -84,6 +87,8 @@ CHOICES = {
     "data.source": ("embedded", "files", "tfds"),
     "moe.dispatch": ("auto", "einsum", "dropless"),
     "moe.grouped_matmul": ("auto", "blocks", "ragged_dot"),
+    "moe.router": ROUTERS,
+    "moe.balance": BALANCE,
 }
 # field: (reads it?, who reads it) -- a field set away from its default where nothing reads it
 # is refused. Evaluation reads data.eval_files whatever the source (switchzoo.evaluate).
@@ -99,6 +104,7 @@ READERS = {
     "data.info_dir": (lambda c: c.task == "span_corruption" and c.data.source == "embedded",
                       "task=span_corruption and data.source=embedded"),
     "weight_decay": (lambda c: c.optimizer == "adamw", "optimizer=adamw"),
+    "distill.weight": (lambda c: bool(c.distill.teacher), "distill.teacher=DIR"),
     **{f"eval.{k}": (lambda c: c.task == "translation", "task=translation (BLEU decoding)")
        for k in ("num_beams", "length_penalty", "max_decode_length", "max_examples")},
 }
