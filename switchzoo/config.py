@@ -45,7 +45,10 @@ class MoeConfig:
     # "experts_choose" (Zhou et al. 2022: each expert its top-C tokens of a group; a token gets
     # 0..E experts; balanced by construction). experts_choose looks at every token of a group,
     # so it is not causal: it routes encoder stacks, and decoder stacks only with
-    # noncausal_decoder (training and perplexity; not for generation).
+    # noncausal_decoder (training and perplexity). Generation with such a decoder runs (a
+    # cached step routes the batch's new tokens as one group, every expert taking up to all of
+    # them) but is not meaningful: training let each token's routing see later tokens.
+    # Experts-choose always dispatches by einsum into capacity slots (not dropless).
     router: str = "tokens_choose"
     noncausal_decoder: bool = False
     # Load balancing: "aux_loss" (Switch eq. 4, weight aux_loss_weight) or "bias" (DeepSeek-V3:
@@ -77,6 +80,10 @@ class MoeConfig:
             raise ValueError("moe.balance='bias' with moe.router='experts_choose': experts-choose "
                              "routing is balanced by construction; use moe.balance='aux_loss' "
                              "(its aux loss is not used) or router='tokens_choose'")
+        if self.router == "experts_choose" and self.dispatch == "dropless":
+            raise ValueError("moe.dispatch='dropless' with moe.router='experts_choose': each "
+                             "expert fills its capacity slots, which only the einsum dispatch "
+                             "has; use moe.dispatch='einsum' (or 'auto') or router='tokens_choose'")
         if self.num_shared_experts < 0 or self.bias_rate < 0:
             raise ValueError(f"moe.num_shared_experts={self.num_shared_experts} / bias_rate="
                              f"{self.bias_rate}: both must be >= 0")
@@ -85,13 +92,14 @@ class MoeConfig:
                              f"{self.min_capacity}: use a group size >= 0 (0: one group per "
                              "sequence) and a minimum capacity >= 1")
 
-    def capacity(self, group_size: int, train: bool) -> int:
+    def capacity(self, group_size: int, train: bool, experts_choose: bool = False) -> int:
         """Slots per expert per group: ceil(k * N * factor / E), at least min_capacity (k = 1
-        for experts-choose: C = N * factor / E, as Zhou et al.)."""
+        for an experts-choose stack: C = N * factor / E, as Zhou et al.; the stack says, since
+        an encoder-decoder's causal decoder routes tokens-choose with the same config)."""
         if self.expert_capacity is not None:
             return self.expert_capacity
         factor = self.train_capacity_factor if train else self.eval_capacity_factor
-        k = 1 if self.router == "experts_choose" else self.top_k
+        k = 1 if experts_choose else self.top_k
         # round() first: 100 * 1.1 / 10 is 11.000000000000002 in floating point, not 12 slots.
         c = math.ceil(round(k * group_size * factor / self.num_experts, 9))
         return max(c, self.min_capacity)
@@ -139,6 +147,12 @@ class ModelConfig:
         if self.remat not in REMAT:
             raise ValueError(f"remat={self.remat!r} is not a rematerialisation policy; use one "
                              f"of {', '.join(REMAT)}")
+        if (self.moe is not None and self.moe.router == "experts_choose"
+                and not self.is_encoder_decoder and not self.moe.noncausal_decoder):
+            raise ValueError("moe.router='experts_choose' in a decoder-only model: experts-choose "
+                             "routing is not causal (each expert picks among the whole group); "
+                             "set --config.moe.noncausal_decoder=true (training and perplexity "
+                             "only, not generation) or use moe.router='tokens_choose'")
 
     @property
     def is_encoder_decoder(self) -> bool:

@@ -8,7 +8,7 @@ the pod.
 The batch is the run's: global batch x max_length inputs and, for span corruption, targets of
 span_corruption.lengths (114 for 512), with the packing fields the pipeline feeds. The
 vocabulary is data.vocab_size plus the 100 sentinel ids (the catalogue rounds it to 128s), or
-the vocab_path model's; with init_from, the Hugging Face checkpoint's model. Numbers are
+the vocab_path model's; with init_from, the model it names. Numbers are
 XLA:CPU's for the per-device program (see switchzoo/inspector.py); float32 or bfloat16
 activations, scanned or unrolled layers and rematerialisation as the config says
 (``--config.dtype=bfloat16 --config.scan_layers=true --config.remat=full``: the paper's
@@ -25,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from switchzoo import hf, inspector, layout as layout_lib, validate
+from switchzoo import inspector, layout as layout_lib, validate, weights
 from switchzoo import state as state_lib
 from switchzoo.data import span_corruption, tokenizer as tokenizer_lib
 
@@ -88,8 +88,8 @@ def run(config, print_fn=print) -> dict:
     validate.check(config)
     layout = state_lib.run_layout(config)
     state_lib.check_accumulation(config)
-    pretrained = hf.read_config(config.init_from).cfg if config.init_from else None
-    cfg = state_lib.run_model_config(config, vocab_size(config), pretrained)
+    origin = weights.resolve(config.init_from).cfg if config.init_from else None
+    cfg = state_lib.run_model_config(config, vocab_size(config), origin)
     setup = state_lib.setup_run(config, layout, cfg)
     batch = batch_shapes(config, state_lib.global_batch_size(config))
     step = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps)

@@ -13,13 +13,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from switchzoo import api, atomic, checkpoints, data, hf, hosts, scores, steps, validate
+from switchzoo import api, atomic, checkpoints, data, hosts, scores, steps, validate, weights
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig
 from switchzoo.configs import base
 
 TRANSLATIONS_FILE = "translations.txt"    # eval's beam-search output, one line per example
-MODEL_FILE = "model.json"      # the run's resolved model, written by the training loop
+MODEL_FILE = weights.MODEL_FILE      # the run's resolved model, written by the training loop
 # What an evaluation may change in a run's saved config (--config.FIELD=value): where and how
 # it evaluates, never what was trained.
 EVAL_OVERRIDES = ("eval.", "data.eval_files", "data.eval_split", "data.max_eval_examples",
@@ -58,7 +58,7 @@ def run_model(config, workdir: pathlib.Path, vocab_size: int,
     if saved.is_file():
         model = ModelConfig.from_dict(json.loads(saved.read_text()))
     else:
-        model = hf.read_config(config.init_from).cfg if config.init_from else None
+        model = weights.resolve(config.init_from).cfg if config.init_from else None
     return state_lib.run_model_config(config, vocab_size, model, pieces)
 
 
@@ -117,9 +117,9 @@ def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
                     max_length=config.max_length, seed=config.seed, evaluating=True,
                     shards=share.shards, local=share.local_shards)
     if checkpoint:
-        pretrained = hf.read_config(checkpoint)
-        setup = state_lib.setup(pretrained.cfg, layout)
-        params, _ = hf.load_params(pretrained, setup)
+        origin = weights.resolve(checkpoint)
+        setup = state_lib.setup(origin.cfg, layout)
+        params = origin.load(setup)
         step = None
     else:
         setup, params, step = restore_params(config, workdir, layout, ds.tokenizer.vocab_size,

@@ -1,4 +1,5 @@
-"""Hugging Face SwitchTransformers checkpoints in and out (config.json + safetensors).
+"""Hugging Face SwitchTransformers checkpoints in and out (config.json + safetensors); dense T5
+checkpoints (T5ForConditionalGeneration: v1.0 ReLU or v1.1 gated GELU) in.
 
 Every tensor is checked by name and shape before anything is placed: missing, extra and
 mis-shaped tensors are errors listing the names (a converter that silently drops experts is the
@@ -18,12 +19,18 @@ import numpy as np
 from switchzoo import atomic, tensorfile, transformer
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig, MoeConfig
+from switchzoo.layers import FFN_WEIGHTS
 
 INDEX = "model.safetensors.index.json"
 # Copies of shared.weight that some writers store (transformers 5 with untied output layers).
 ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 SINGLE = "model.safetensors"
 LIST_AT_MOST = 8
+# What each model type calls a dense feed-forward block in its tensor names; T5 differs from
+# SwitchTransformers in this name alone.
+DENSE_MLP = {"switch_transformers": "mlp", "t5": "DenseReluDense"}
+# T5's feed_forward_proj -> our activation (gated-gelu is gelu_new: the tanh approximation).
+T5_ACTIVATIONS = {"relu": "relu", "gated-gelu": "gated-gelu"}
 
 
 class CheckpointError(ValueError):
@@ -38,6 +45,10 @@ class Pretrained:
     cfg: ModelConfig
     files: dict
 
+    @property
+    def dense_mlp(self) -> str:
+        return DENSE_MLP[self.hf_config["model_type"]]
+
 
 @dataclasses.dataclass(frozen=True)
 class Source:
@@ -51,16 +62,31 @@ class Source:
 # -------------------------------------------------------------------------------------- config
 
 def config_from_hf(hf: dict, sparse: dict[str, tuple[int, ...]]) -> ModelConfig:
-    """ModelConfig of a SwitchTransformers config.json; ``sparse`` lists each stack's sparse
-    layers as found in the weights (trusted over the config's sparse-step rule)."""
-    if hf.get("model_type") != "switch_transformers":
+    """ModelConfig of a SwitchTransformers or T5 config.json; ``sparse`` lists each stack's
+    sparse layers as found in the weights (trusted over the config's sparse-step rule)."""
+    if hf.get("model_type") not in DENSE_MLP:
         raise CheckpointError(f"config.json has model_type {hf.get('model_type')!r}; only "
-                              "'switch_transformers' checkpoints are read")
-    if hf.get("dense_act_fn", "relu") != "relu" or hf.get("router_bias"):
+                              "'switch_transformers' and 't5' checkpoints are read")
+    activation = "relu"
+    if hf["model_type"] == "t5":
+        activation = T5_ACTIVATIONS.get(hf.get("feed_forward_proj", "relu"))
+        if activation is None:
+            raise CheckpointError(f"config.json asks for feed_forward_proj "
+                                  f"{hf.get('feed_forward_proj')!r}; T5 checkpoints with "
+                                  f"{' or '.join(T5_ACTIVATIONS)} feed-forward blocks are read")
+    elif hf.get("dense_act_fn", "relu") != "relu" or hf.get("router_bias"):
         raise CheckpointError("config.json asks for dense_act_fn "
                               f"{hf.get('dense_act_fn')!r} / router_bias {hf.get('router_bias')}; "
                               "only ReLU experts without router bias (the published Switch "
                               "checkpoints) are supported")
+    # transformers 5 writes T5 v1.1's untied output layer as tied and unscaled; ours is tied
+    # with the d_model**-0.5 scale, or untied.
+    tied = hf.get("tie_word_embeddings", True)
+    if hf.get("scale_decoder_outputs", tied) != tied:
+        raise CheckpointError("config.json ties the output layer to the embedding without the "
+                              "d_model**-0.5 logit scale (scale_decoder_outputs false: how "
+                              "transformers 5 writes T5 v1.1); switchzoo reads tied-and-scaled "
+                              "(T5 v1.0) or untied output layers with their own lm_head.weight")
     moe = None
     if sparse["encoder"] or sparse["decoder"]:
         moe = MoeConfig(
@@ -72,11 +98,11 @@ def config_from_hf(hf: dict, sparse: dict[str, tuple[int, ...]]) -> ModelConfig:
     return ModelConfig(
         vocab_size=hf["vocab_size"], d_model=hf["d_model"], num_heads=hf["num_heads"],
         d_kv=hf["d_kv"], d_ff=hf["d_ff"], num_encoder_layers=hf["num_layers"],
-        num_layers=hf.get("num_decoder_layers") or hf["num_layers"],
+        num_layers=hf.get("num_decoder_layers") or hf["num_layers"], activation=activation,
         dropout=hf.get("dropout_rate", 0.1),
         relpos_buckets=hf.get("relative_attention_num_buckets", 32),
         relpos_max_distance=hf.get("relative_attention_max_distance", 128),
-        tie_embeddings=hf.get("tie_word_embeddings", True), moe=moe)
+        tie_embeddings=tied, moe=moe)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -106,9 +132,9 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 
 # ------------------------------------------------------------------------------------- mapping
 
-def sources(cfg: ModelConfig, params) -> dict[str, Source]:
+def sources(cfg: ModelConfig, params, dense_mlp: str = "mlp") -> dict[str, Source]:
     """{our parameter path ('decoder/layers/1/ffn/wi'): its Source} for an encoder-decoder's
-    abstract params."""
+    abstract params; ``dense_mlp``: the dense blocks' name (DENSE_MLP)."""
     out = {("embed", "embedding"): Source(("shared.weight",), False, False)}
     if not cfg.tie_embeddings:
         out[("lm_head",)] = Source(("lm_head.weight",), True, False)
@@ -119,6 +145,7 @@ def sources(cfg: ModelConfig, params) -> dict[str, Source]:
         out[(stack, "final_norm", "scale")] = Source((f"{stack}.final_layer_norm.weight",), False,
                                                      False)
         for i, layer in params[stack]["layers"].items():
+            _representable(layer["ffn"], f"{stack}/layers/{i}/ffn")
             hf = f"{stack}.block.{i}.layer"
             mine = (stack, "layers", i)
             for part, j, module in (("attn", 0, "SelfAttention"), ("cross", 1, "EncDecAttention")):
@@ -131,17 +158,31 @@ def sources(cfg: ModelConfig, params) -> dict[str, Source]:
             out[mine + ("ffn_norm", "scale")] = Source((f"{hf}.{ffn_at}.layer_norm.weight",), False,
                                                        False)
             mlp = f"{hf}.{ffn_at}.mlp"
+            weights = [w for w in FFN_WEIGHTS if w in layer["ffn"]]
             if "router" in layer["ffn"]:
                 out[mine + ("ffn", "router", "w")] = Source((f"{mlp}.router.classifier.weight",),
                                                             True, False)
-                for w in ("wi", "wo"):
+                for w in weights:
                     names = tuple(f"{mlp}.experts.expert_{e}.{w}.weight"
                                   for e in range(cfg.moe.num_experts))
                     out[mine + ("ffn", w)] = Source(names, True, True)
             else:
-                for w in ("wi", "wo"):
-                    out[mine + ("ffn", w)] = Source((f"{mlp}.{w}.weight",), True, False)
+                for w in weights:
+                    out[mine + ("ffn", w)] = Source((f"{hf}.{ffn_at}.{dense_mlp}.{w}.weight",),
+                                                    True, False)
     return {state_lib.path_name(path): src for path, src in out.items()}
+
+
+def _representable(ffn: dict, path: str) -> None:
+    """Refuses the parameters the format has no tensors for, rather than dropping them."""
+    what = ("shared experts (moe.num_shared_experts)" if "shared" in ffn else
+            "a router balancing bias (moe.balance='bias')" if "bias" in ffn.get("router", {})
+            else None)
+    if what:
+        raise CheckpointError(f"{path} has {what}, for which the Hugging Face "
+                              "SwitchTransformers format has no tensors; keep such a model in "
+                              "switchzoo checkpoints (its run directory), and load Hugging Face "
+                              "weights into a model without it")
 
 
 def hf_shape(source: Source, shape, path: str) -> tuple[int, ...]:
@@ -223,9 +264,9 @@ def read_config(path) -> Pretrained:
         raise CheckpointError(f"{path / 'config.json'} lacks the key {e}") from None
 
 
-def check(cfg: ModelConfig, params, files: dict) -> dict[tuple, Source]:
+def check(cfg: ModelConfig, params, files: dict, dense_mlp: str = "mlp") -> dict[tuple, Source]:
     """Every expected tensor present with its shape, nothing unexplained left over."""
-    srcs = sources(cfg, params)
+    srcs = sources(cfg, params, dense_mlp)
     expected = {}
     for path, src in srcs.items():
         for name in src.names:
@@ -272,7 +313,7 @@ def load_params(pretrained: Pretrained, setup: state_lib.Setup):
                         out_shardings=setup.param_shardings)
         return stack(params), facts
     files = pretrained.files
-    srcs = check(pretrained.cfg, setup.abstract_params, files)
+    srcs = check(pretrained.cfg, setup.abstract_params, files, pretrained.dense_mlp)
     facts = {"aliases": [a for a in ALIASES if a in files], "dtypes": {}}
 
     def place(path, leaf, sharding):
@@ -302,6 +343,11 @@ def save(path, cfg: ModelConfig, params, hf_config: dict | None = None,
     time to disk. ``facts`` (from loading) restore each tensor's dtype and the alias copies the
     source held, so a round trip is bit-identical. Scanned parameters are written per layer,
     under the ordinary names."""
+    if cfg.moe is not None and cfg.moe.router != "tokens_choose":
+        # The weights would fit, but transformers would route them tokens-choose: another model.
+        raise CheckpointError(f"moe.router={cfg.moe.router!r}: Hugging Face SwitchTransformers "
+                              "routes tokens-choose only, so it would compute another model; "
+                              "keep this one in switchzoo checkpoints (its run directory)")
     params = transformer.unstack_layers(params, cfg)
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """The training loop of a run config: mesh and layout -> data -> model -> sharded state (fresh,
-fine-tuned from a Hugging Face directory, or resumed from the newest checkpoint) -> the loop of
-one jitted step (switchzoo.steps), with metrics, periodic evaluation and asynchronous
-checkpoints."""
+from the weights init_from names: a Hugging Face directory or another run, or resumed from the
+newest checkpoint) -> the loop of one jitted step (switchzoo.steps), with metrics, periodic
+evaluation and asynchronous checkpoints."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from switchzoo import atomic, checkpoints, cli, data, evaluate, hf, hosts, steps, validate, zoo
+from switchzoo import (atomic, checkpoints, cli, data, distill, evaluate, hosts, steps, validate,
+                       weights, zoo)
 from switchzoo import metrics as metrics_lib
 from switchzoo import state as state_lib
 from switchzoo.data import pipeline
@@ -47,6 +48,9 @@ def train(config, workdir, print_fn=print) -> dict:
     if jax.process_count() > 1:                 # first: a differing config could fail anywhere
         hosts.check_same_config(config.to_json_best_effort(sort_keys=True))
     validate.check(config)                      # settings, then the mesh: before any writing
+    teacher_run = None
+    if config.distill.teacher:                  # may default data.vocab_path to the teacher's
+        config, teacher_run = distill.find_teacher(config, workdir)
     layout = state_lib.run_layout(config)
     state_lib.check_accumulation(config)
     zoo.entry(config.model)
@@ -68,21 +72,24 @@ def train(config, workdir, print_fn=print) -> dict:
         multihost_utils.sync_global_devices("switchzoo: workdir ready")
     if not lead:
         ds = build_data()
-    pretrained = hf.read_config(config.init_from) if config.init_from else None
+    origin = weights.resolve(config.init_from) if config.init_from else None
     cfg = state_lib.run_model_config(config, ds.tokenizer.vocab_size,
-                                     pretrained.cfg if pretrained else None,
+                                     origin.cfg if origin else None,
                                      ds.tokenizer.num_pieces)
     check_vocabulary(workdir, cfg)
+    teacher = distill.load_teacher(teacher_run, layout, cfg) if teacher_run else None
     setup = state_lib.setup_run(config, layout, cfg)
     schedule = state_lib.rsqrt_schedule(config.learning_rate, config.warmup_steps)
     ckpt = checkpoints.Checkpoints(workdir / "checkpoints", config.checkpoint_every_steps,
                                    config.keep_checkpoints)
     try:
-        state = _initial_state(setup, ckpt, ds, pretrained)
+        state = _initial_state(setup, ckpt, ds, origin)
     except BaseException:
         ckpt.close()                          # no async machinery left behind a clean error
         raise
     start = int(state.step)
+    if teacher is not None and start == 0 and not config.init_from:   # a checkpoint wins
+        state = distill.start_from_teacher(state, teacher, print_fn)
     if lead:
         save_config(workdir, config, cfg)
     print_fn(f"data: {ds.description}")
@@ -92,7 +99,13 @@ def train(config, workdir, print_fn=print) -> dict:
     announce(share.describe(ds.train.num_examples))
     if ds.train.reshaped:
         print_fn(ds.train.reshaped)
-    step_fn = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps)
+    if teacher is not None:
+        print_fn(f"distilling teacher {teacher.run.directory} (step {teacher.step}): "
+                 f"{config.distill.weight:g} x its probabilities + "
+                 f"{1 - config.distill.weight:g} x the labels")
+    step_fn = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps,
+                                    teacher.setup if teacher else None, config.distill.weight)
+    teacher_args = (teacher.params,) if teacher else ()    # an argument, never a constant
     eval_fn = steps.make_eval_step(setup)
     writer = metrics_lib.Writer(workdir, config.num_train_steps, start)
     last, throughput = {}, metrics_lib.Throughput()
@@ -100,7 +113,7 @@ def train(config, workdir, print_fn=print) -> dict:
         try:
             for step in range(start + 1, config.num_train_steps + 1):
                 batch = next(ds.train)              # this process's rows
-                state, m = step_fn(state, hosts.assemble(batch, layout, share))
+                state, m = step_fn(state, hosts.assemble(batch, layout, share), *teacher_args)
                 throughput.add(m["tokens"])
                 if step == start + 1:
                     throughput.restart(state)        # this process's first step: it compiled
@@ -178,9 +191,10 @@ class Preemption:
         return False
 
 
-def _initial_state(setup: state_lib.Setup, ckpt, ds, pretrained):
-    """Resume from the newest committed checkpoint; else fine-tune from a Hugging Face
-    directory (``pretrained``: hf.read_config's answer); else a fresh initialisation."""
+def _initial_state(setup: state_lib.Setup, ckpt, ds, origin: weights.Origin | None):
+    """Resume from the newest committed checkpoint; else start from the weights init_from names
+    (``origin``: a Hugging Face directory or another run's workdir) with a fresh optimizer at
+    step 0; else a fresh initialisation."""
     latest = ckpt.latest_step()
     if latest is not None:
         try:
@@ -191,7 +205,6 @@ def _initial_state(setup: state_lib.Setup, ckpt, ds, pretrained):
                              "another --workdir, or move the damaged step directory away") from e
         ds.train.set_state(data_state)
         return state
-    if pretrained is not None:
-        params, _ = hf.load_params(pretrained, setup)
-        return setup.state_from(params)
+    if origin is not None:
+        return setup.state_from(origin.load(setup))
     return setup.init()

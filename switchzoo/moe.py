@@ -10,9 +10,9 @@ from flax import nnx
 
 from switchzoo import dropless
 from switchzoo.config import MoeConfig
-from switchzoo.layers import dropout, ffn_params, ffn_weights, mlp, split
+from switchzoo.layers import Mlp, dropout, ffn_params, ffn_weights, mlp, split
 from switchzoo.layout import LayoutError, active, constrain
-from switchzoo.routing import Router, choose, route
+from switchzoo.routing import Router, choose, experts_choose_route, route
 
 
 def num_groups(batch: int, length: int, group_size: int, shards: int = 1) -> int:
@@ -46,31 +46,49 @@ def num_groups(batch: int, length: int, group_size: int, shards: int = 1) -> int
 
 
 class SwitchFFN(nnx.Module):
-    """Experts are ReLU MLPs, or gated-GELU ones (T5 v1.1 / Switch-XXL: gelu(x wi_0) * x wi_1)."""
+    """Experts are ReLU MLPs, or gated-GELU ones (T5 v1.1 / Switch-XXL: gelu(x wi_0) * x wi_1).
+    ``encoder``: whether this layer is in an encoder stack (experts-choose routing, not causal,
+    routes decoders only with moe.noncausal_decoder)."""
 
     def __init__(self, d_model: int, d_ff: int, cfg: MoeConfig, rngs: nnx.Rngs,
-                 activation: str = "relu"):
+                 activation: str = "relu", encoder: bool = False):
         self.cfg = cfg
-        self.router = Router(d_model, cfg.num_experts, rngs)
+        self.experts_choose = cfg.experts_choose(encoder)
+        self.router = Router(d_model, cfg.num_experts, rngs, bias=cfg.balance == "bias")
         for name, value in ffn_params(rngs, d_model, d_ff, activation, cfg.num_experts).items():
             setattr(self, name, value)
+        if cfg.num_shared_experts:
+            # DeepSeekMoE's shared experts: n dense experts of d_ff every token passes through,
+            # summed, are one MLP of n * d_ff, laid out like a dense FFN (d_ff, not experts).
+            self.shared = Mlp(d_model, cfg.num_shared_experts * d_ff, rngs, activation,
+                              cfg.expert_dropout)
 
     def __call__(self, x_BLD, rng=None, valid_BL=None):
-        """Returns y_BLD (zero for dropped tokens) and the routing losses and metrics.
+        """Returns y_BLD (zero for dropped tokens, plus the shared experts' output) and the
+        routing losses and metrics.
 
         ``rng`` None means evaluation: no jitter, no dropout, the eval capacity factor. Experts
         drop at ``moe.expert_dropout`` (not the dense layers' rate). ``valid_BL`` false marks
         padding, which is not routed (it takes no expert capacity).
         """
+        jitter_rng, drop_rng = split(rng, 2)
+        y_BLD, stats = self._routed(x_BLD, rng is not None, valid_BL, jitter_rng, drop_rng)
+        if self.cfg.num_shared_experts:
+            y_BLD = y_BLD + self.shared(x_BLD, None if drop_rng is None
+                                        else jax.random.fold_in(drop_rng, 1))
+        return y_BLD, stats
+
+    def _routed(self, x_BLD, train, valid_BL, jitter_rng, drop_rng):
         cfg, dt = self.cfg, x_BLD.dtype
-        train = rng is not None
         B, L, D = x_BLD.shape
         layout = active()
         G = num_groups(B, L, cfg.group_size, layout.parts("groups") if layout else 1)
         N = B * L // G
-        # An expert gets at most N of a group's assignments (a token's picks are distinct).
-        C = min(cfg.capacity(N, train), N)
-        jitter_rng, drop_rng = split(rng, 2)
+        # An expert gets at most N of a group's assignments (a token's picks are distinct; an
+        # experts-choose group of fewer tokens than slots, as in cached decoding, gives each
+        # expert every token).
+        C = min(cfg.capacity(N, train, self.experts_choose), N)
+        bias_E = None if self.router.bias is None else self.router.bias[...]
 
         x_GND = constrain(x_BLD.reshape(G, N, D), ("groups", "group_size", "d_model"))
         # Routing is per token: keep it where the tokens are (the router weight is tiny).
@@ -78,13 +96,16 @@ class SwitchFFN(nnx.Module):
             logits_GNE = constrain(self.router(x_GND, cfg.jitter, jitter_rng),
                                    ("groups", "group_size", "experts"))
         valid_GN = None if valid_BL is None else valid_BL.reshape(G, N)
-        if cfg.dispatch == "dropless" or (cfg.dispatch == "auto" and C == N and
-                                          self._dropless_runs(x_BLD.shape)):
+        if not self.experts_choose and (cfg.dispatch == "dropless" or (
+                cfg.dispatch == "auto" and C == N and self._dropless_runs(x_BLD.shape))):
             # With room for every token (decoding: groups of one token), the einsum dispatch
             # would run every expert on every token; dropless computes the same sum, E x less.
-            return self._dropless(x_BLD, logits_GNE, valid_GN, drop_rng)
+            return self._dropless(x_BLD, logits_GNE, valid_GN, drop_rng, bias_E)
         with jax.named_scope("routing"):
-            r = route(logits_GNE, cfg.top_k, C, cfg.normalize_top_k, valid_GN)
+            if self.experts_choose:
+                r = experts_choose_route(logits_GNE, C, valid_GN)
+            else:
+                r = route(logits_GNE, cfg.top_k, C, cfg.normalize_top_k, valid_GN, bias_E)
             # Pin the routing masks to the tokens' devices, so the partitioner moves tokens
             # (one all-to-all each way) rather than masks.
             mask_dims = ("groups", "group_size", "experts", "expert_capacity")
@@ -117,11 +138,11 @@ class SwitchFFN(nnx.Module):
         return dropless.supports(active(), x_shape,
                                  {k: v.shape for k, v in ffn_weights(self).items()})
 
-    def _dropless(self, x_BLD, logits_GNE, valid_GN, drop_rng):
+    def _dropless(self, x_BLD, logits_GNE, valid_GN, drop_rng, bias_E):
         """Every pick served: sort by expert, grouped matmul (switchzoo/dropless.py)."""
         cfg = self.cfg
         B, L, _ = x_BLD.shape
-        c = choose(logits_GNE, cfg.top_k, cfg.normalize_top_k, valid_GN)
+        c = choose(logits_GNE, cfg.top_k, cfg.normalize_top_k, valid_GN, bias_E)
         valid_BL = (jnp.ones((B, L), bool) if valid_GN is None
                     else valid_GN.reshape(B, L).astype(bool))
         y_BLD = dropless.layer(x_BLD, c.index_GNP.reshape(B, L, -1),

@@ -1,4 +1,5 @@
-"""Tokens-choose top-k routing (Switch k=1, GShard k=2) within groups, in float32.
+"""Routing within groups, in float32: tokens-choose top-k (Switch k=1, GShard k=2; optionally
+with DeepSeek-V3's balancing bias) and experts-choose (Zhou et al. 2022).
 
 Shapes: G routing groups, N tokens per group, E experts, P experts picked per token (top-k),
 C slots per expert.
@@ -23,10 +24,14 @@ class Routing(NamedTuple):
 
 
 class Router(nnx.Module):
-    """Linear router computed in float32 whatever the activation dtype (selective precision)."""
+    """Linear router computed in float32 whatever the activation dtype (selective precision).
+    With ``bias`` (moe.balance='bias'), a per-expert balancing bias [E] that shifts the choice
+    only (``choose``); a parameter so that it is checkpointed, stepped by state.per_layer."""
 
-    def __init__(self, d_model: int, num_experts: int, rngs: nnx.Rngs):
+    def __init__(self, d_model: int, num_experts: int, rngs: nnx.Rngs, bias: bool = False):
         self.w = param(rngs, (0.1 / d_model) ** 0.5, (d_model, num_experts), ("d_model", "experts"))
+        self.bias = (nnx.Param(jnp.zeros((num_experts,), jnp.float32), dims=("experts",))
+                     if bias else None)
 
     def __call__(self, x_GND, jitter: float = 0.0, rng=None):
         x = x_GND.astype(jnp.float32)
@@ -35,16 +40,23 @@ class Router(nnx.Module):
         return jnp.einsum("GND,DE->GNE", x, self.w[...])
 
 
-def _top_k(probs_GNE, k: int):
-    """Top-k by repeated argmax: partitions along groups, where lax.top_k gets all-gathered."""
+def _top_k(probs_GNE, k: int, scores_GNE):
+    """The k experts of highest score, with their probabilities as gates. By repeated argmax:
+    partitions along groups, where lax.top_k gets all-gathered."""
     gates, indices = [], []
     for _ in range(k):
-        index_GN = jnp.argmax(probs_GNE, axis=-1)
+        index_GN = jnp.argmax(scores_GNE, axis=-1)
         gates.append(jnp.take_along_axis(probs_GNE, index_GN[..., None], axis=-1)[..., 0])
         indices.append(index_GN)
-        probs_GNE = jnp.where(jax.nn.one_hot(index_GN, probs_GNE.shape[-1], dtype=bool),
-                              -1.0, probs_GNE)
+        scores_GNE = jnp.where(jax.nn.one_hot(index_GN, scores_GNE.shape[-1], dtype=bool),
+                               -jnp.inf, scores_GNE)
     return jnp.stack(gates, -1), jnp.stack(indices, -1).astype(jnp.int32)
+
+
+def _z_loss_and_confidence(logits_GNE, probs_GNE, valid_GN, count):
+    """Mean squared log-partition and mean top probability over the valid tokens."""
+    z_loss = jnp.sum(jnp.square(jax.nn.logsumexp(logits_GNE, axis=-1)) * valid_GN) / count
+    return z_loss, jnp.sum(jnp.max(probs_GNE, axis=-1) * valid_GN) / count
 
 
 class Choices(NamedTuple):
@@ -53,19 +65,30 @@ class Choices(NamedTuple):
     mask_GNPE: jax.Array          # one-hot picks, zero for padding
     aux_loss: jax.Array
     z_loss: jax.Array
-    metrics: dict                 # expert_load [E], router_confidence
+    metrics: dict                 # expert_load [E], router_confidence (and bias_balance)
 
 
-def choose(logits_GNE, top_k: int, normalize: bool = True, valid_GN=None) -> Choices:
+def choose(logits_GNE, top_k: int, normalize: bool = True, valid_GN=None,
+           bias_E=None) -> Choices:
     """Each token's top-k experts and gates, and the routing losses (no capacity yet).
-    Tokens with ``valid_GN`` false (padding) pick nothing and count in no loss or metric."""
+    Tokens with ``valid_GN`` false (padding) pick nothing and count in no loss or metric.
+
+    ``bias_E`` (DeepSeek-V3's auxiliary-loss-free balancing) is added to the probabilities for
+    the choice only; the gates stay the unbiased probabilities. Its update, bias += rate *
+    sign(1/E - load), runs as a gradient step: ``metrics["bias_balance"]`` is sum_e bias_e *
+    sign(load_e - 1/E) with the sign held constant, which steps.lm_objective adds to the loss
+    and subtracts back out (the value is unchanged, the gradient by bias_e is the sign), and
+    state.per_layer steps the bias by plain SGD at moe.bias_rate. Nothing else reaches the
+    bias: the choice is an argmax. No bookkeeping of layers, so scanned layers, gradient
+    accumulation and any sharding just work."""
     logits_GNE = logits_GNE.astype(jnp.float32)
     G, N, E = logits_GNE.shape
     valid_GN = (jnp.ones((G, N), jnp.float32) if valid_GN is None
                 else valid_GN.astype(jnp.float32))
     count = jnp.maximum(jnp.sum(valid_GN), 1.0)
     probs_GNE = jax.nn.softmax(logits_GNE, axis=-1)
-    gates_GNP, index_GNP = _top_k(probs_GNE, top_k)
+    scores_GNE = probs_GNE if bias_E is None else probs_GNE + bias_E
+    gates_GNP, index_GNP = _top_k(probs_GNE, top_k, scores_GNE)
     if normalize and top_k > 1:
         gates_GNP = gates_GNP / jnp.sum(gates_GNP, axis=-1, keepdims=True)
     mask_GNPE = jax.nn.one_hot(index_GNP, E, dtype=jnp.float32) * valid_GN[:, :, None, None]
@@ -77,16 +100,17 @@ def choose(logits_GNE, top_k: int, normalize: bool = True, valid_GN=None) -> Cho
     prob_GE = jnp.sum(probs_GNE * valid_GN[..., None], axis=1) / tokens_G[:, None]
     aux_loss = jnp.sum(fraction_GE * prob_GE) / jnp.maximum(jnp.sum(jnp.any(valid_GN > 0, 1)),
                                                             1.0) * E
-    z_loss = jnp.sum(jnp.square(jax.nn.logsumexp(logits_GNE, axis=-1)) * valid_GN) / count
-    metrics = {
-        "expert_load": jnp.sum(mask_GNPE, axis=(0, 1, 2)) / (count * top_k),
-        "router_confidence": jnp.sum(jnp.max(probs_GNE, axis=-1) * valid_GN) / count,
-    }
+    z_loss, confidence = _z_loss_and_confidence(logits_GNE, probs_GNE, valid_GN, count)
+    load_E = jnp.sum(mask_GNPE, axis=(0, 1, 2)) / (count * top_k)     # before capacity
+    metrics = {"expert_load": load_E, "router_confidence": confidence}
+    if bias_E is not None:
+        metrics["bias_balance"] = jnp.sum(
+            bias_E * jax.lax.stop_gradient(jnp.sign(load_E - 1.0 / E)))
     return Choices(gates_GNP, index_GNP, mask_GNPE, aux_loss, z_loss, metrics)
 
 
 def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
-          valid_GN=None) -> Routing:
+          valid_GN=None, bias_E=None) -> Routing:
     """Picks each token's top-k experts and gives it a slot while the expert has room.
 
     Priority is by choice, then position: every token's first choice is served (in position
@@ -95,9 +119,10 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
     ``valid_GN`` false (padding) are not routed and count in no loss or metric.
 
     With top_k > 1 this priority is not causal: a later token's first choice can take the slot
-    of an earlier token's second choice (as in GShard); top-1 routing is causal.
+    of an earlier token's second choice (as in GShard); top-1 routing is causal. ``bias_E``:
+    see ``choose``.
     """
-    c = choose(logits_GNE, top_k, normalize, valid_GN)
+    c = choose(logits_GNE, top_k, normalize, valid_GN, bias_E)
     G, N, E = logits_GNE.shape
     mask_GNPE = c.mask_GNPE
 
@@ -116,3 +141,37 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
         **c.metrics,
     }
     return Routing(dispatch_GNEC, combine_GNEC, c.aux_loss, c.z_loss, metrics)
+
+
+def experts_choose_route(logits_GNE, capacity: int, valid_GN=None) -> Routing:
+    """Each expert takes the ``capacity`` tokens of a group with the highest router probability
+    for it (Zhou et al. 2022; flaxformer's ExpertsChooseMaskedRouter), each weighted by that
+    probability. Every expert is full, so the load is balanced by construction and there is no
+    aux loss (zero); a token gets 0..E experts, and ``dropped_fraction`` counts the valid tokens
+    no expert took. Padding (``valid_GN`` false) ranks below every real token, so it is taken
+    only where a group has fewer than ``capacity`` real tokens, and then masked out.
+
+    Not causal: whether a token is taken depends on every other token of its group. Needs
+    capacity <= N (lax.top_k over the tokens of a group; groups stay on their devices).
+    """
+    logits_GNE = logits_GNE.astype(jnp.float32)
+    G, N, E = logits_GNE.shape
+    valid_GN = jnp.ones((G, N), bool) if valid_GN is None else valid_GN.astype(bool)
+    valid_f_GN = valid_GN.astype(jnp.float32)
+    count = jnp.maximum(jnp.sum(valid_f_GN), 1.0)
+    probs_GNE = jax.nn.softmax(logits_GNE, axis=-1)
+    scores_GEN = jnp.where(valid_GN[:, None, :], jnp.swapaxes(probs_GNE, 1, 2), -1.0)
+    _, index_GEC = jax.lax.top_k(scores_GEN, capacity)
+    dispatch_GECN = jax.nn.one_hot(index_GEC, N, dtype=jnp.float32) * valid_f_GN[:, None, None]
+    dispatch_GNEC = jnp.transpose(dispatch_GECN, (0, 3, 1, 2))
+    combine_GNEC = dispatch_GNEC * probs_GNE[..., None]
+
+    z_loss, confidence = _z_loss_and_confidence(logits_GNE, probs_GNE, valid_f_GN, count)
+    routed_GN = jnp.sum(dispatch_GNEC, axis=(2, 3)) > 0
+    metrics = {
+        "dropped_fraction": 1.0 - jnp.sum(routed_GN * valid_f_GN) / count,
+        "expert_load": (jnp.sum(dispatch_GNEC, axis=(0, 1, 3))
+                        / jnp.maximum(jnp.sum(dispatch_GNEC), 1.0)),
+        "router_confidence": confidence,
+    }
+    return Routing(dispatch_GNEC, combine_GNEC, jnp.zeros((), jnp.float32), z_loss, metrics)

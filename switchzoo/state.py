@@ -56,19 +56,30 @@ def make_optimizer(name: str = "adamw", learning_rate: float = 1e-3, warmup_step
     raise ValueError(f"unknown optimizer '{name}'; use 'adamw' or 'adafactor'")
 
 
-def per_layer(tx: optax.GradientTransformation, params) -> optax.GradientTransformation:
+def per_layer(tx: optax.GradientTransformation, params,
+              bias_rate: float = 0.0) -> optax.GradientTransformation:
     """``tx`` updating each stacked (scanned) parameter layer by layer, exactly as it updates
     the unrolled layers: Adafactor's update clipping and parameter scale take the RMS of a whole
     array, which on a [layers, ...] array would mix the layers. Other parameters as ``tx``.
-    Stacks of different depths get separate labels (a vmap maps one axis size)."""
+    Stacks of different depths get separate labels (a vmap maps one axis size).
+
+    Routers' balancing biases (moe.balance='bias': ``.../router/bias``) step by plain SGD at
+    ``bias_rate``: their gradient is sign(load - 1/E) (routing.choose), so each step moves
+    them by exactly bias_rate, as DeepSeek-V3's update (never rescaled or decayed by ``tx``)."""
     def label(path, leaf):
-        return f"layers_{leaf.shape[0]}" if "scanned" in path_name(path).split("/") else "single"
+        name = path_name(path)
+        if name.endswith("router/bias"):
+            return "router_bias"
+        return f"layers_{leaf.shape[0]}" if "scanned" in name.split("/") else "single"
     labels = jax.tree_util.tree_map_with_path(label, params)
-    depths = {x for x in jax.tree.leaves(labels) if x != "single"}
-    if not depths:
+    used = set(jax.tree.leaves(labels)) - {"single"}
+    if not used:
         return tx
     layerwise = optax.GradientTransformation(jax.vmap(tx.init), jax.vmap(tx.update))
-    return optax.multi_transform({"single": tx, **{d: layerwise for d in depths}}, labels)
+    transforms = {d: layerwise for d in used if d.startswith("layers_")}
+    if "router_bias" in used:
+        transforms["router_bias"] = optax.sgd(bias_rate)
+    return optax.multi_transform({"single": tx, **transforms}, labels)
 
 
 # ------------------------------------------------------------------------- paths and dims
@@ -224,7 +235,7 @@ def setup(model: str | ModelConfig, layout: str | layout_lib.Layout | None = "da
     if tx is None:
         abstract = params
     else:
-        tx = per_layer(tx, params)
+        tx = per_layer(tx, params, cfg.moe.bias_rate if cfg.moe else 0.0)
         abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
                               jax.eval_shape(tx.init, params))
     shardings = tree_shardings(layout, abstract, dims, params, update_axis)

@@ -2,6 +2,8 @@
 and the eval step, each one jit with the state's shardings from switchzoo.state."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -15,7 +17,9 @@ from switchzoo.config import ModelConfig
 @jax.named_scope("loss")
 def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: float = 0.0,
                  tokens=None, share: float = 1.0):
-    """Cross-entropy (with optional label smoothing) + weighted aux and z losses.
+    """Cross-entropy (with optional label smoothing) + weighted aux and z losses (the aux loss
+    only reported under moe.balance='bias', whose bias steps come from a zero-valued term:
+    routing.choose).
 
     A micro-batch of an accumulated step passes the whole batch's target ``tokens`` (its
     cross-entropy and accuracy are then its share of the whole batch's, token-weighted) and its
@@ -36,8 +40,13 @@ def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: floa
     ce = jnp.sum(ce_BL * weights_BL) / tokens
     loss = ce
     if cfg.moe is not None:
-        loss = loss + share * (cfg.moe.aux_loss_weight * aux["aux_loss"]
+        aux = dict(aux)
+        aux_weight = 0.0 if cfg.moe.balance == "bias" else cfg.moe.aux_loss_weight
+        loss = loss + share * (aux_weight * aux["aux_loss"]
                                + cfg.moe.z_loss_weight * aux["z_loss"])
+        if "bias_balance" in aux:                  # + 0, for its gradient (routing.choose)
+            balance = share * jnp.sum(aux.pop("bias_balance"))
+            loss = loss + (balance - jax.lax.stop_gradient(balance))
     accuracy = jnp.sum(correct(logits_BLV, label_BL, targets_BL) * weights_BL) / tokens
     return loss, {"loss": loss, "cross_entropy": ce, "accuracy": accuracy, "tokens": own, **aux}
 
@@ -59,17 +68,51 @@ def step_key(seed: int, step, micro=None):
     return key if micro is None else jax.random.fold_in(key, micro)
 
 
-def make_loss_fn(s: state_lib.Setup, label_smoothing: float = 0.0):
-    """loss_fn(params, batch, rng, tokens=None, share=1.0) -> (loss, metrics) (see
-    lm_objective for ``tokens`` and ``share``).
+@jax.named_scope("distill_loss")
+def distill_objective(logits_BLV, teacher_logits_BLV, batch, aux, cfg: ModelConfig,
+                      weight: float, label_smoothing: float = 0.0, tokens=None,
+                      share: float = 1.0):
+    """Distillation (Switch Transformer sec. 4.2): (1 - weight) x lm_objective's cross-entropy
+    with the labels + weight x ``distill_ce``, the soft cross-entropy -sum_v p_teacher(v) log
+    q_student(v) per target token, token-weighted as the label term is; plus the routing losses
+    as lm_objective adds them. Label smoothing applies to the label term only (the teacher's
+    probabilities are soft already). ``tokens``, ``share``: as lm_objective's."""
+    loss, metrics = lm_objective(logits_BLV, batch, aux, cfg, label_smoothing, tokens, share)
+    weights_BL = batch["weights"].astype(jnp.float32)
+    logits_BLV = logits_BLV.astype(jnp.float32)
+    p_BLV = jax.nn.softmax(jax.lax.stop_gradient(teacher_logits_BLV).astype(jnp.float32), -1)
+    # -sum_v p log_softmax(logits) = logsumexp(logits) - sum_v p logits, as p sums to 1.
+    soft_BL = jax.nn.logsumexp(logits_BLV, axis=-1) - jnp.sum(p_BLV * logits_BLV, axis=-1)
+    tokens = jnp.maximum(jnp.sum(weights_BL) if tokens is None else tokens, 1.0)
+    distill_ce = jnp.sum(soft_BL * weights_BL) / tokens
+    # lm_objective's loss is its cross-entropy plus the routing terms: trade a share of the
+    # cross-entropy for the soft one (weight 0 leaves its loss exactly as it is).
+    loss = loss + weight * (distill_ce - metrics["cross_entropy"])
+    return loss, {**metrics, "loss": loss, "distill_ce": distill_ce}
+
+
+def make_loss_fn(s: state_lib.Setup, label_smoothing: float = 0.0,
+                 teacher: state_lib.Setup | None = None, distill_weight: float = 0.0):
+    """loss_fn(params, batch, rng, tokens=None, share=1.0, teacher_params=None) -> (loss,
+    metrics) (see lm_objective for ``tokens`` and ``share``).
 
     Decoder-only: ``inputs`` predict ``targets``. Encoder-decoder: ``inputs`` are the source and
-    the decoder reads ``targets`` shifted right (T5: starting with the pad id 0)."""
+    the decoder reads ``targets`` shifted right (T5: starting with the pad id 0).
+
+    With a ``teacher`` (its Setup on the same layout), the objective is distill_objective with
+    ``distill_weight``: the teacher runs on the same batch in evaluation mode (no dropout or
+    jitter, its eval capacity factor) with ``teacher_params``, outside the gradient."""
     graphdef, cfg, layout = s.graphdef, s.cfg, s.layout
 
-    def loss_fn(params, batch, rng, tokens=None, share=1.0):
+    def loss_fn(params, batch, rng, tokens=None, share=1.0, teacher_params=None):
         logits, aux = forward(nnx.merge(graphdef, params), cfg, layout, batch, rng)
-        return lm_objective(logits, batch, aux, cfg, label_smoothing, tokens, share)
+        if teacher is None:
+            return lm_objective(logits, batch, aux, cfg, label_smoothing, tokens, share)
+        with jax.named_scope("teacher"):
+            teacher_logits, _ = forward(nnx.merge(teacher.graphdef, teacher_params),
+                                        teacher.cfg, teacher.layout, batch)
+        return distill_objective(logits, jax.lax.stop_gradient(teacher_logits), batch, aux,
+                                 cfg, distill_weight, label_smoothing, tokens, share)
     return loss_fn
 
 
@@ -134,19 +177,25 @@ def micro_batches(batch: dict, accumulate: int) -> dict:
     return jax.tree.map(split, batch)
 
 
-def make_train_step(s: state_lib.Setup, label_smoothing: float = 0.0, accumulate: int = 1):
+def make_train_step(s: state_lib.Setup, label_smoothing: float = 0.0, accumulate: int = 1,
+                    teacher: state_lib.Setup | None = None, distill_weight: float = 0.0):
     """The one jitted step: loss, gradients, optimizer update. The state is donated; batch
     fields are [batch, ...] arrays.
+
+    With a ``teacher`` (distillation, see make_loss_fn) the step is
+    train_step(state, batch, teacher_params): the teacher's parameters are an argument in
+    their own shardings (never donated, never baked into the program as constants).
 
     With ``accumulate`` > 1 the batch runs as that many strided micro-batches (micro_batches),
     each with its own dropout / jitter key; their gradients add up to the whole batch's: the
     cross-entropy token-weighted over the whole batch, the routing losses averaged over the
     micro-batches (each a mean over its own routing groups)."""
     tx, layout, seed = s.tx, s.layout, s.seed
-    loss_fn = make_loss_fn(s, label_smoothing)
-    grad_fn = jax.grad(loss_fn, has_aux=True)
+    loss_fn = make_loss_fn(s, label_smoothing, teacher, distill_weight)
 
-    def train_step(state: state_lib.TrainState, batch):
+    def train_step(state: state_lib.TrainState, batch, teacher_params=None):
+        grad_fn = functools.partial(jax.grad(loss_fn, has_aux=True),
+                                    teacher_params=teacher_params)
         if accumulate == 1:
             grads, metrics = grad_fn(state.params, batch, step_key(seed, state.step))
         else:
@@ -164,14 +213,17 @@ def make_train_step(s: state_lib.Setup, label_smoothing: float = 0.0, accumulate
             (grads, metrics), _ = jax.lax.scan(add, zero, jnp.arange(accumulate))
             # Summed over micro-batches: loss, cross_entropy, accuracy and tokens are the whole
             # batch's already; the routing metrics become their mean.
-            summed = ("loss", "cross_entropy", "accuracy", "tokens")
+            summed = ("loss", "cross_entropy", "distill_ce", "accuracy", "tokens")
             metrics = {k: v if k in summed else v / accumulate for k, v in metrics.items()}
         with jax.named_scope("optimizer"):
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         return state_lib.TrainState(state.step + 1, params, opt_state), metrics
 
-    return jax.jit(train_step, in_shardings=(s.shardings, state_lib.batch_shardings(layout)),
+    in_shardings = (s.shardings, state_lib.batch_shardings(layout))
+    if teacher is not None:
+        in_shardings += (teacher.param_shardings,)
+    return jax.jit(train_step, in_shardings=in_shardings,
                    out_shardings=(s.shardings, layout.replicated()), donate_argnums=0,
                    compiler_options=compiler_options(layout))
 

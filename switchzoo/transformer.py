@@ -120,8 +120,8 @@ class Block(nnx.Module):
             self.cross = Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, rngs)
         self.ffn_norm = RMSNorm(cfg.d_model)
         sparse = cfg.moe is not None and cfg.moe.is_sparse(index, encoder)
-        self.ffn = (SwitchFFN(cfg.d_model, cfg.d_ff, cfg.moe, rngs, cfg.activation) if sparse
-                    else Mlp(cfg.d_model, cfg.d_ff, rngs, cfg.activation, cfg.dropout))
+        self.ffn = (SwitchFFN(cfg.d_model, cfg.d_ff, cfg.moe, rngs, cfg.activation, encoder)
+                    if sparse else Mlp(cfg.d_model, cfg.d_ff, rngs, cfg.activation, cfg.dropout))
 
     def __call__(self, x_BTD, bias_BHTS, mask_BTS, enc_BSD=None, cross_mask_BTS=None, rng=None,
                  valid_BT=None, cache=None, index=None):

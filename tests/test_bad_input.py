@@ -123,6 +123,9 @@ RUN_CASES = [   # (config fields, message): against the finished run's workdir
     (dict(moe__expert_dropout=-0.2), r"moe.expert_dropout=-0.2 .* >= 0 and < 1"),
     (dict(moe__aux_loss_weight=-0.01), r"moe.aux_loss_weight=-0.01 .* >= 0"),
     (dict(moe__dispatch="sorted"), r"moe.dispatch='sorted' is not one of auto, einsum, dropless"),
+    (dict(moe__router="bad"), r"moe.router='bad' is not one of tokens_choose, experts_choose"),
+    (dict(moe__router="experts_choose"), r"^moe.router='experts_choose' in a decoder-only model: "
+     r".*not causal.*--config.moe.noncausal_decoder=true"),
     # a setting the run would not read
     (dict(data__train_files="mine.tsv"), r"--config.data.train_files='mine.tsv' is read only "
      r"with data.source=files, and this run has data.source=embedded"),

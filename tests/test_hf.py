@@ -8,7 +8,8 @@ import jax
 import numpy as np
 import pytest
 import torch
-from transformers import SwitchTransformersConfig, SwitchTransformersForConditionalGeneration
+from transformers import (SwitchTransformersConfig, SwitchTransformersForConditionalGeneration,
+                          T5Config, T5ForConditionalGeneration)
 
 import switchzoo
 from switchzoo import hf, tensorfile
@@ -167,3 +168,42 @@ def test_a_fresh_model_saves_in_a_format_transformers_reads(tmp_path):
     src, mask, dec = inputs(cfg.vocab_size)
     got = np.asarray(ours(src, attention_mask=mask, decoder_input_ids=dec))
     np.testing.assert_allclose(got, reference_logits(theirs, src, mask, dec), atol=1e-4)
+
+
+T5_CONFIGS = {
+    # T5 v1.0: ReLU, the output layer tied to the embedding with the d_model**-0.5 logit scale
+    "t5_relu": dict(feed_forward_proj="relu"),
+    # T5 v1.1's gated GELU blocks (wi_0, wi_1); tied, as transformers 5 still scales that way
+    "t5_gated": dict(feed_forward_proj="gated-gelu"),
+}
+
+
+def t5_checkpoint(path, **kw):
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(
+        vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=1,
+        num_heads=4, **kw)).eval()
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(T5_CONFIGS))
+def test_t5_logits_match_transformers(name, tmp_path):
+    model = t5_checkpoint(tmp_path, **T5_CONFIGS[name])
+    ours = switchzoo.from_pretrained(tmp_path)
+    assert ours.cfg.moe is None and ours.cfg.tie_embeddings
+    assert ours.cfg.activation == T5_CONFIGS[name]["feed_forward_proj"]
+    src, mask, dec = inputs(model.config.vocab_size)
+    got = np.asarray(ours(src, attention_mask=mask, decoder_input_ids=dec))
+    diff = np.abs(got - reference_logits(model, src, mask, dec)).max()
+    print(f"{name}: max abs logit difference {diff:.2e}")
+    assert diff < 1e-4
+
+
+def test_t5_output_layers_switchzoo_cannot_compute_are_refused(tmp_path):
+    t5_checkpoint(tmp_path / "unscaled", tie_word_embeddings=False)   # tied, unscaled in v5
+    with pytest.raises(hf.CheckpointError, match=r"without the d_model\*\*-0.5 logit scale"):
+        switchzoo.from_pretrained(tmp_path / "unscaled")
+    t5_checkpoint(tmp_path / "silu", feed_forward_proj="gated-silu")
+    with pytest.raises(hf.CheckpointError, match="feed_forward_proj 'gated-silu'"):
+        switchzoo.from_pretrained(tmp_path / "silu")

@@ -21,7 +21,8 @@ config_flags.DEFINE_config_file("config", None, "Run config, when the workdir ha
                                 "it, --config.FIELD=value overrides the run's saved config "
                                 "(evaluate.EVAL_OVERRIDES names what may change).")
 flags.DEFINE_string("workdir", None, "The run to evaluate (results.json is written there).")
-flags.DEFINE_string("checkpoint", "", "A Hugging Face directory to evaluate instead.")
+flags.DEFINE_string("checkpoint", "", "A Hugging Face directory (or another run's workdir) "
+                    "to evaluate instead.")
 flags.DEFINE_string("table", "", "Collect --runs into this paper table (see switchzoo.tables).")
 flags.DEFINE_list("runs", [], "Run directories for --table.")
 flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")

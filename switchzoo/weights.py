@@ -1,0 +1,119 @@
+"""What a directory of weights names (``--config.init_from``, ``eval.py --checkpoint``, upcycling's
+dense model): the model, and its parameters placed on a set-up.
+
+A switchzoo run's workdir (checkpoints/ + model.json): the newest committed checkpoint's
+parameters, without its optimizer state. Else a Hugging Face directory (switchzoo.hf); a
+model.json beside its config.json (switchzoo.upcycle writes one) is the model to run, routing
+and all, where the Hugging Face config can only say a fixed expert capacity — it must describe
+the same tensors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+
+from switchzoo import atomic, checkpoints, hf, transformer
+from switchzoo import state as state_lib
+from switchzoo.config import ModelConfig
+
+MODEL_FILE = "model.json"      # a run's (or an upcycled checkpoint's) resolved ModelConfig
+# The fields that decide which tensors a model has and what they compute.
+ARCHITECTURE = ("vocab_size", "d_model", "num_heads", "d_kv", "d_ff", "num_encoder_layers",
+                "num_layers", "activation", "relpos_buckets", "relpos_max_distance",
+                "tie_embeddings")
+
+
+def sparse_layers(cfg: ModelConfig) -> dict[str, list[int]]:
+    """{stack: its Switch layers}."""
+    def stack(n: int, encoder: bool) -> list[int]:
+        return [i for i in range(n) if cfg.moe is not None and cfg.moe.is_sparse(i, encoder)]
+    return {"encoder": stack(cfg.num_encoder_layers, True), "decoder": stack(cfg.num_layers, False)}
+
+
+def differences(a: ModelConfig, b: ModelConfig, fields=ARCHITECTURE) -> list[tuple]:
+    """(field, a's, b's) of each of ``fields`` where the two differ."""
+    return [(f, getattr(a, f), getattr(b, f)) for f in fields if getattr(a, f) != getattr(b, f)]
+
+
+def read_model(path: pathlib.Path) -> ModelConfig:
+    try:
+        return ModelConfig.from_dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
+        raise ValueError(f"{path} is not a switchzoo model config ({e})") from None
+
+
+def write_model(directory: pathlib.Path, cfg: ModelConfig) -> None:
+    atomic.write_text(pathlib.Path(directory) / MODEL_FILE,
+                      json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """A model (``cfg``, in the form its weights are stored) and where its weights are: a
+    Hugging Face directory (``hf``: hf.read_config's answer) or a workdir (``hf`` None)."""
+    path: pathlib.Path
+    cfg: ModelConfig
+    hf: hf.Pretrained | None = None
+
+    @property
+    def is_workdir(self) -> bool:
+        return self.hf is None
+
+    def load(self, setup: state_lib.Setup):
+        """The parameters in ``setup``'s shardings (its model: ``cfg`` under the run's routing
+        and execution settings; scanned or not, either way)."""
+        if self.hf is not None:
+            return hf.load_params(self.hf, setup)[0]
+        saved = state_lib.setup(self.cfg, setup.layout)
+        ckpt = checkpoints.Checkpoints(self.path / "checkpoints", 1, None)
+        try:
+            step = ckpt.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"{self.path / 'checkpoints'} holds no complete "
+                                        "checkpoint; train the run first")
+            try:
+                params = ckpt.restore_params(step, saved.abstract, saved.shardings)
+            except (ValueError, KeyError, OSError, RuntimeError, TypeError) as e:
+                raise ValueError(f"checkpoint {step} in {self.path / 'checkpoints'} does not "
+                                 f"hold the parameters of its {MODEL_FILE} "
+                                 f"({' '.join(str(e).split())[:300]})") from e
+        finally:
+            ckpt.close()
+        if self.cfg.scan_layers == setup.cfg.scan_layers:
+            return params
+        return jax.jit(lambda p: transformer.layers_as(p, setup.cfg),
+                       out_shardings=setup.param_shardings)(params)
+
+
+def resolve(path) -> Origin:
+    """The model and weights ``path`` names (a workdir or a Hugging Face directory); reads
+    configs only, no weights."""
+    path = pathlib.Path(path).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory; pass a switchzoo run's workdir or "
+                                "a Hugging Face model directory (config.json + model.safetensors)")
+    saved = path / MODEL_FILE
+    if (path / "checkpoints").is_dir():
+        if not saved.is_file():
+            raise FileNotFoundError(f"{path} holds checkpoints/ but no {MODEL_FILE} (a run "
+                                    "from before switchzoo saved its model); pass a run trained "
+                                    "since, or a Hugging Face directory")
+        return Origin(path, read_model(saved))
+    pretrained = hf.read_config(path)
+    if saved.is_file():
+        cfg = read_model(saved)
+        wrong = differences(cfg, pretrained.cfg)
+        if sparse_layers(cfg) != sparse_layers(pretrained.cfg):
+            wrong.append(("Switch layers", sparse_layers(cfg), sparse_layers(pretrained.cfg)))
+        if cfg.moe and pretrained.cfg.moe and cfg.moe.num_experts != pretrained.cfg.moe.num_experts:
+            wrong.append(("experts", cfg.moe.num_experts, pretrained.cfg.moe.num_experts))
+        if wrong:
+            field, mine, theirs = wrong[0]
+            raise hf.CheckpointError(f"{saved} says {field} {mine} but {path / 'config.json'} "
+                                     f"and the weights say {theirs}; they describe different "
+                                     f"models: remove the stale {MODEL_FILE}")
+        pretrained = dataclasses.replace(pretrained, cfg=cfg)
+    return Origin(path, pretrained.cfg, pretrained)
