@@ -1,5 +1,7 @@
 """Layers: T5 relative-position buckets, RMSNorm, causal attention, and the communication of the
 Megatron and 2D presets on single blocks."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,7 +34,8 @@ def test_rmsnorm_scales_to_unit_rms_in_float32():
 
 def test_decoder_is_causal_and_respects_segments():
     cfg = zoo.get("switch_tiny").replace(moe=None)
-    model = transformer.build(cfg)
+    model = nnx.jit(lambda m, ids, **kw: m(ids, **kw))    # compiled once per shape, not op by op
+    model = functools.partial(model, transformer.build(cfg))
     ids = jax.random.randint(jax.random.key(1), (2, 16), 1, 256)
     changed = ids.at[:, 10:].set(7)
     a, _ = model(ids)
