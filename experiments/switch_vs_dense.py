@@ -183,36 +183,48 @@ def plot(result: dict, path: pathlib.Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def recipe_arguments(p: argparse.ArgumentParser) -> None:
+    """The CPU-scaled recipe every experiment on this text shares (besides steps and evals)."""
+    p.add_argument("--eval-examples", type=int, default=1000)
+    p.add_argument("--length", type=int, default=128, help="inputs; targets follow")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=300)
+    p.add_argument("--vocab", type=int, default=4000, help="SentencePiece pieces (+100 ids)")
+
+
+def english_docs(out: pathlib.Path, write: bool = True) -> tuple[pathlib.Path, dict]:
+    """out/docs.txt (experiments/english_text.py, written once: resumed runs read the same)
+    and a description of it for the results."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import english_text
+    docs = out / "docs.txt"
+    if write and not docs.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        texts, _ = english_text.documents(pathlib.Path("/usr/share/info"))
+        docs.write_text("".join(t.replace("\n", " ") + "\n" for t in texts), encoding="utf-8")
+    text = docs.read_text(encoding="utf-8")
+    return docs, {"file": "docs.txt (experiments/english_text.py)",
+                  "documents": text.count("\n"), "characters": len(text),
+                  "sha1": hashlib.sha1(text.encode()).hexdigest(),
+                  "info_node_header_lines": sum(line.startswith("File: ")
+                                                for line in text.splitlines())}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=pathlib.Path, required=True)
     p.add_argument("--runs", nargs="+", default=MAIN, choices=list(RUNS))
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--eval-every", type=int, default=250)
-    p.add_argument("--eval-examples", type=int, default=1000)
-    p.add_argument("--length", type=int, default=128, help="inputs; targets follow")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=300)
-    p.add_argument("--vocab", type=int, default=4000, help="SentencePiece pieces (+100 ids)")
+    recipe_arguments(p)
     p.add_argument("--report", action="store_true", help="only collect what has run")
     p.add_argument("--json", type=pathlib.Path, default=ROOT / "docs/switch_vs_dense.json")
     p.add_argument("--figure", type=pathlib.Path,
                    default=ROOT / "docs/figures/switch_vs_dense.png")
     args = p.parse_args(argv)
-    sys.path.insert(0, str(ROOT / "experiments"))
-    import english_text
-    docs = args.out / "docs.txt"
     seconds_path = args.out / "seconds.json"
     seconds = json.loads(seconds_path.read_text()) if seconds_path.is_file() else {}
-    if not args.report and not docs.is_file():     # written once: resumed runs read the same
-        args.out.mkdir(parents=True, exist_ok=True)
-        texts, _ = english_text.documents(pathlib.Path("/usr/share/info"))
-        docs.write_text("".join(t.replace("\n", " ") + "\n" for t in texts), encoding="utf-8")
-    text = docs.read_text(encoding="utf-8")
-    corpus = {"file": "docs.txt (experiments/english_text.py)", "documents": text.count("\n"),
-              "characters": len(text), "sha1": hashlib.sha1(text.encode()).hexdigest(),
-              "info_node_header_lines": sum(line.startswith("File: ")
-                                            for line in text.splitlines())}
+    docs, corpus = english_docs(args.out, write=not args.report)
     if not args.report:
         for name in ["dense"] + [n for n in args.runs if n != "dense"]:
             # one vocabulary for every run: the first run trains it
