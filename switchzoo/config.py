@@ -78,8 +78,10 @@ class MoeConfig:
             raise ValueError(f"moe.balance={self.balance!r}: use one of {', '.join(BALANCE)}")
         if self.balance == "bias" and self.router == "experts_choose":
             raise ValueError("moe.balance='bias' with moe.router='experts_choose': experts-choose "
-                             "routing is balanced by construction; use moe.balance='aux_loss' "
-                             "(its aux loss is not used) or router='tokens_choose'")
+                             "stacks are balanced by construction and the bias is not built for "
+                             "them; use moe.balance='aux_loss' (it then balances only the "
+                             "tokens-choose decoder of an encoder-decoder) or "
+                             "router='tokens_choose'")
         if self.router == "experts_choose" and self.dispatch == "dropless":
             raise ValueError("moe.dispatch='dropless' with moe.router='experts_choose': each "
                              "expert fills its capacity slots, which only the einsum dispatch "
@@ -94,10 +96,14 @@ class MoeConfig:
 
     def capacity(self, group_size: int, train: bool, experts_choose: bool = False) -> int:
         """Slots per expert per group: ceil(k * N * factor / E), at least min_capacity (k = 1
-        for an experts-choose stack: C = N * factor / E, as Zhou et al.; the stack says, since
-        an encoder-decoder's causal decoder routes tokens-choose with the same config)."""
+        for an experts-choose stack: C = N * factor / E, as Zhou et al., at the train factor in
+        evaluation too; the stack says, since an encoder-decoder's causal decoder routes
+        tokens-choose with the same config)."""
         if self.expert_capacity is not None:
             return self.expert_capacity
+        # An experts-choose stack's factor is how many experts a token gets on average (the
+        # gates are not renormalised): part of the function, so evaluation keeps training's.
+        train = train or experts_choose
         factor = self.train_capacity_factor if train else self.eval_capacity_factor
         k = 1 if experts_choose else self.top_k
         # round() first: 100 * 1.1 / 10 is 11.000000000000002 in floating point, not 12 slots.

@@ -67,6 +67,11 @@ def find_teacher(config, workdir) -> tuple[ml_collections.ConfigDict, TeacherRun
                          f"{kind(teacher_config.task)} model), the student's task is "
                          f"'{config.task}' ({kind(config.task)}): distil a teacher of the "
                          "student's own task")
+    if teacher_config.scan_layers != config.scan_layers:
+        raise ValueError(f"{what} has scan_layers={teacher_config.scan_layers}, the student "
+                         f"{config.scan_layers}: the student starts from the teacher's weights "
+                         "by parameter path, which differ between the two forms; set "
+                         f"--config.scan_layers={str(teacher_config.scan_layers).lower()}")
     teacher_vocab = tokenizer_path(directory, teacher_config)
     if not teacher_vocab.is_file():
         raise ValueError(f"{what} has no tokenizer at {teacher_vocab}: restore its tokenizer, "

@@ -86,6 +86,10 @@ def run(config, print_fn=print) -> dict:
     """Compiles the config's train step on this process's devices; returns the report."""
     from switchzoo import steps
     validate.check(config)
+    if config.distill.teacher:
+        raise ValueError("--dry_run compiles the run's step without a distillation teacher's "
+                         "forward pass and parameters, so its memory would be too low; drop "
+                         "--config.distill.teacher to compile the student's step alone")
     layout = state_lib.run_layout(config)
     state_lib.check_accumulation(config)
     origin = weights.resolve(config.init_from).cfg if config.init_from else None

@@ -201,8 +201,11 @@ def _initial_state(setup: state_lib.Setup, ckpt, ds, origin: weights.Origin | No
             state, data_state = ckpt.restore(latest, setup.abstract, setup.shardings)
         except (ValueError, KeyError, OSError, RuntimeError, TypeError) as e:
             raise ValueError(f"checkpoint {latest} in {ckpt.directory} cannot be restored for "
-                             f"this config ({cli.one_line(e)[:300]}); it was left as it is: use "
-                             "another --workdir, or move the damaged step directory away") from e
+                             f"this config ({cli.one_line(e)[:300]}); it was left as it is: a --config "
+                             "setting that shapes the parameters (e.g. moe.balance, "
+                             "moe.num_shared_experts, scan_layers) may differ from the run's; "
+                             "use the run's settings, another --workdir, or move a damaged step "
+                             "directory away") from e
         ds.train.set_state(data_state)
         return state
     if origin is not None:

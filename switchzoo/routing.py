@@ -76,9 +76,10 @@ def choose(logits_GNE, top_k: int, normalize: bool = True, valid_GN=None,
     ``bias_E`` (DeepSeek-V3's auxiliary-loss-free balancing) is added to the probabilities for
     the choice only; the gates stay the unbiased probabilities. Its update, bias += rate *
     sign(1/E - load), runs as a gradient step: ``metrics["bias_balance"]`` is sum_e bias_e *
-    sign(load_e - 1/E) with the sign held constant, which steps.lm_objective adds to the loss
-    and subtracts back out (the value is unchanged, the gradient by bias_e is the sign), and
-    state.per_layer steps the bias by plain SGD at moe.bias_rate. Nothing else reaches the
+    (load_e - 1/E) with the load held constant, which steps.lm_objective adds to the loss
+    and subtracts back out (the value is unchanged, the gradient by bias_e is load_e - 1/E,
+    summed over micro-batches into the whole batch's), and state.per_layer steps the bias by
+    rate x the sign of that gradient. Nothing else reaches the
     bias: the choice is an argmax. No bookkeeping of layers, so scanned layers, gradient
     accumulation and any sharding just work."""
     logits_GNE = logits_GNE.astype(jnp.float32)
@@ -105,7 +106,7 @@ def choose(logits_GNE, top_k: int, normalize: bool = True, valid_GN=None,
     metrics = {"expert_load": load_E, "router_confidence": confidence}
     if bias_E is not None:
         metrics["bias_balance"] = jnp.sum(
-            bias_E * jax.lax.stop_gradient(jnp.sign(load_E - 1.0 / E)))
+            bias_E * jax.lax.stop_gradient(load_E - 1.0 / E))
     return Choices(gates_GNP, index_GNP, mask_GNPE, aux_loss, z_loss, metrics)
 
 

@@ -63,9 +63,9 @@ def per_layer(tx: optax.GradientTransformation, params,
     array, which on a [layers, ...] array would mix the layers. Other parameters as ``tx``.
     Stacks of different depths get separate labels (a vmap maps one axis size).
 
-    Routers' balancing biases (moe.balance='bias': ``.../router/bias``) step by plain SGD at
-    ``bias_rate``: their gradient is sign(load - 1/E) (routing.choose), so each step moves
-    them by exactly bias_rate, as DeepSeek-V3's update (never rescaled or decayed by ``tx``)."""
+    Routers' balancing biases (moe.balance='bias': ``.../router/bias``) step by ``bias_rate``
+    x the sign of their gradient, load - 1/E of the whole batch (routing.choose): DeepSeek-V3's
+    update, never rescaled or decayed by ``tx``."""
     def label(path, leaf):
         name = path_name(path)
         if name.endswith("router/bias"):
@@ -78,8 +78,15 @@ def per_layer(tx: optax.GradientTransformation, params,
     layerwise = optax.GradientTransformation(jax.vmap(tx.init), jax.vmap(tx.update))
     transforms = {d: layerwise for d in used if d.startswith("layers_")}
     if "router_bias" in used:
-        transforms["router_bias"] = optax.sgd(bias_rate)
+        transforms["router_bias"] = bias_update(bias_rate)
     return optax.multi_transform({"single": tx, **transforms}, labels)
+
+
+def bias_update(rate: float) -> optax.GradientTransformation:
+    """DeepSeek-V3's balancing-bias step: bias -= rate * sign(gradient), the gradient being
+    load - 1/E (routing.choose), so each step moves a bias by exactly ``rate``."""
+    sign = optax.stateless(lambda g, _: jax.tree.map(jnp.sign, g))
+    return optax.chain(sign, optax.sgd(rate))
 
 
 # ------------------------------------------------------------------------- paths and dims
@@ -292,6 +299,13 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
             what = f"model '{config.model}'" if model is None else "checkpoint's model"
             raise ValueError(f"--config.moe.{sorted(overrides)[0]} set for the dense {what}, "
                              "which has no Switch layers; drop the --config.moe.* flags")
+        adding = sorted(k for k in ("balance", "num_shared_experts")
+                        if k in overrides and overrides[k] != getattr(cfg.moe, k))
+        if model is not None and adding:
+            raise ValueError(f"--config.moe.{adding[0]}={overrides[adding[0]]!r} changes which "
+                             "parameters the checkpoint's model has (a balancing bias, shared "
+                             "experts), which init_from cannot load; drop the flag, or train "
+                             "such a model from a catalogue name")
         if {"train_capacity_factor", "eval_capacity_factor"} & overrides.keys():
             overrides["expert_capacity"] = None     # the factors replace a checkpoint's slots
         cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, **overrides))

@@ -62,6 +62,11 @@ def upcycle_params(dense_params, target: ModelConfig, seed: int = 0) -> dict:
     _, abstract, dims = state_lib.abstract_model(target, seed)
     names = [state_lib.path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(abstract)]
     fresh_names = {n for n in names if n not in dense}
+    unexpected = sorted(n for n in fresh_names if "/router/" not in n and "/shared/" not in n)
+    if unexpected:
+        raise ValueError(f"the dense checkpoint has no weight for {unexpected[0]} (nor "
+                         f"{len(unexpected) - 1} more) of the Switch model; upcycle a dense "
+                         "model of the same architecture")
 
     def fresh():       # jitted: XLA computes only the initialisers of what is returned
         params = nnx.to_pure_dict(nnx.state(transformer.build(target, seed)))
@@ -118,7 +123,13 @@ def upcycle(dense_dir, model: str, out, seed: int = 0) -> tuple[ModelConfig, boo
                          "(nothing was written)")
     origin = weights.resolve(dense_dir)
     target = target_model(origin.cfg, model)
-    hf.config_to_hf(target)          # a model the format cannot hold: refused before any reading
+    try:                             # a model the format cannot hold: refused before any reading
+        hf.config_to_hf(target)
+    except hf.CheckpointError:
+        raise ValueError(f"{model}: upcycling writes a Hugging Face SwitchTransformers directory, "
+                         "which holds ReLU encoder-decoders only, and this model is decoder-only "
+                         "or gated; pick a ReLU encoder-decoder Switch model (e.g. switch_cpu_8, "
+                         "switch_base_8)") from None
     setup = state_lib.setup(origin.cfg.replace(scan_layers=False), "data_parallel", "data:1",
                             devices=_host_device())     # one copy, read back to the host
     params = upcycle_params(jax.device_get(origin.load(setup)), target, seed)

@@ -105,6 +105,11 @@ READERS = {
                       "task=span_corruption and data.source=embedded"),
     "weight_decay": (lambda c: c.optimizer == "adamw", "optimizer=adamw"),
     "distill.weight": (lambda c: bool(c.distill.teacher), "distill.teacher=DIR"),
+    "moe.bias_rate": (lambda c: c.moe.balance == "bias", "moe.balance=bias"),
+    "moe.noncausal_decoder": (lambda c: c.moe.router == "experts_choose",
+                              "moe.router=experts_choose"),
+    "moe.aux_loss_weight": (lambda c: c.moe.balance != "bias",
+                            "moe.balance=aux_loss (bias balancing trains without it)"),
     **{f"eval.{k}": (lambda c: c.task == "translation", "task=translation (BLEU decoding)")
        for k in ("num_beams", "length_penalty", "max_decode_length", "max_examples")},
 }
@@ -145,4 +150,7 @@ def unread(config, evaluating: bool = False) -> list[str]:
 
 def _context(config, who: str) -> str:
     fields = re.findall(r"([\w.]+)=", who)
-    return " and ".join(f"{field}={get(config, field)}" for field in fields)
+    def value(field):           # None: a moe field left to the model's own setting
+        v = get(config, field)
+        return "the model's own" if v is None else v
+    return " and ".join(f"{field}={value(field)}" for field in fields)

@@ -124,6 +124,10 @@ RUN_CASES = [   # (config fields, message): against the finished run's workdir
     (dict(moe__aux_loss_weight=-0.01), r"moe.aux_loss_weight=-0.01 .* >= 0"),
     (dict(moe__dispatch="sorted"), r"moe.dispatch='sorted' is not one of auto, einsum, dropless"),
     (dict(moe__router="bad"), r"moe.router='bad' is not one of tokens_choose, experts_choose"),
+    (dict(moe__bias_rate=0.01), r"moe.bias_rate=0.01 is read only with moe.balance=bias, and "
+     r"this run has moe.balance=the model's own"),
+    (dict(moe__balance="bias", moe__aux_loss_weight=0.1), r"aux_loss_weight=0.1 is read only "
+     r"with moe.balance=aux_loss"),
     (dict(moe__router="experts_choose"), r"^moe.router='experts_choose' in a decoder-only model: "
      r".*not causal.*--config.moe.noncausal_decoder=true"),
     # a setting the run would not read

@@ -187,6 +187,8 @@ def other_tokenizer(path: pathlib.Path, pieces: int, seed: int) -> str:
                       "is 'translation' (encoder-decoder)")),
     ("another vocabulary", "has a vocabulary of 148 ids, the student 150 ("),
     ("another tokenizer", "reads text with the tokenizer"),
+    ("another form", "has scan_layers=False, the student True: the student starts from the "
+                     "teacher's weights by parameter path"),
 ])
 def test_bad_teachers_are_refused_in_one_line_before_anything_is_written(teacher, tmp_path,
                                                                          case, message):
@@ -196,6 +198,8 @@ def test_bad_teachers_are_refused_in_one_line_before_anything_is_written(teacher
         config.distill.teacher = str(tmp_path)
     elif case == "another task":
         config.task, config.model = "translation", "switch_base_tiny"
+    elif case == "another form":
+        config.scan_layers = True
     elif case == "another vocabulary":
         config.data.vocab_path = other_tokenizer(tmp_path / "other.model", 50, 1)
     else:
@@ -205,6 +209,6 @@ def test_bad_teachers_are_refused_in_one_line_before_anything_is_written(teacher
         loop.train(config, workdir, print_fn=lambda *_: None)
     text = str(e.value)
     assert message in text and "\n" not in text, text
-    if case.startswith("another") and case != "another task":
+    if case in ("another vocabulary", "another tokenizer"):
         assert f"--config.data.vocab_path={teacher / 'tokenizer.model'}" in text
     assert not workdir.exists()

@@ -138,6 +138,24 @@ def test_which_stacks_route_experts_choose_and_the_refusals():
         base.replace(num_encoder_layers=0)
     with pytest.raises(ValueError, match=r"dispatch='dropless' with moe.router='experts_choose'"):
         MoeConfig(router="experts_choose", dispatch="dropless")
+    # The capacity factor is part of an experts-choose stack's function: evaluation keeps it.
+    assert moe.capacity(64, False, True) == moe.capacity(64, True, True) == 20
+    assert moe.capacity(64, False, False) == 64 > moe.capacity(64, True, False)
+
+
+def test_flags_that_would_add_parameters_to_a_checkpoints_model_are_refused():
+    from switchzoo.configs import base
+    config = base.get_base()
+    config.task = "lm"
+    checkpoint = tiny(MoeConfig(num_experts=E))
+    for field, value in (("balance", "bias"), ("num_shared_experts", 1)):
+        config.moe[field] = value
+        with pytest.raises(ValueError, match=rf"--config.moe.{field}=.* changes which parameters"):
+            state_lib.run_model_config(config, 64, checkpoint)
+        config.moe[field] = None
+    config.moe.router = "experts_choose"          # routing alone: the same parameters
+    config.moe.noncausal_decoder = True
+    assert state_lib.run_model_config(config, 64, checkpoint).moe.router == "experts_choose"
 
 
 # ----------------------------------------------------------------------- shared experts
@@ -182,7 +200,7 @@ def test_bias_shifts_the_choice_but_not_the_gates():
                                chosen * probs / top2, rtol=1e-6)   # unbiased, renormalised
 
 
-def test_balance_term_leaves_the_loss_and_gives_the_sign_as_the_bias_gradient():
+def test_balance_term_leaves_the_loss_and_gives_the_load_as_the_bias_gradient():
     cfg = tiny(MoeConfig(num_experts=E, balance="bias"))
     logits = jax.random.normal(jax.random.key(5), (2, 8, 64))
     batch = {"targets": jnp.ones((2, 8), jnp.int32), "weights": jnp.ones((2, 8))}
@@ -190,14 +208,14 @@ def test_balance_term_leaves_the_loss_and_gives_the_sign_as_the_bias_gradient():
     aux = {"aux_loss": jnp.float32(1.3), "z_loss": jnp.float32(2.0), "expert_load": load}
 
     def loss(bias):
-        term = jnp.sum(bias * jnp.sign(load - 1 / E), -1)     # as routing.choose gives it
+        term = jnp.sum(bias * (load - 1 / E), -1)     # as routing.choose gives it
         return steps.lm_objective(logits, batch, {**aux, "bias_balance": term}, cfg)
 
     bias = jnp.array([[0.1, -0.2, 0.3, 0.0]])
     (with_term, metrics), grad = jax.jit(jax.value_and_grad(loss, has_aux=True))(bias)
     without, _ = jax.jit(steps.lm_objective, static_argnums=3)(logits, batch, aux, cfg)
     assert float(with_term) == float(without)
-    np.testing.assert_array_equal(grad, [[1.0, 0.0, -1.0, -1.0]])
+    np.testing.assert_allclose(grad, [[0.25, 0.0, -0.05, -0.2]], atol=1e-7)
     assert "bias_balance" not in metrics
     # balance='bias': the aux loss is reported, not trained on
     np.testing.assert_allclose(float(without), float(metrics["cross_entropy"]) + 0.001 * 2.0,
@@ -213,7 +231,7 @@ def test_bias_evens_out_a_skewed_router():
     w = jax.random.normal(jax.random.key(8), (D, E)) * 0.3
     ffn.router.w.set_value(w.at[:, 0].add(2 * common / jnp.sum(common ** 2)))
     graphdef, params = nnx.split(ffn)
-    tx = optax.sgd(0.05)
+    tx = state_lib.bias_update(0.05)
 
     @jax.jit
     def step(params):

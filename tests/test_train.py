@@ -126,6 +126,9 @@ def test_dry_run_compiles_the_configs_real_step_for_its_mesh():
     assert report["devices"] == 8 and report["batch"] == {"inputs": [8, 32], "targets": [8, 8]}
     assert report["collectives"]["all-to-all"] > 0 and report["memory"]["peak_estimate_bytes"] > 0
     assert lines[0].startswith("dry run: switch_base_tiny") and "compiled in" in lines[1]
+    config.distill.teacher = "teacher_run"
+    with pytest.raises(ValueError, match="without a distillation teacher's forward pass"):
+        dry_run.run(config)
     paper = c4.get_config()
     assert dry_run.devices_needed(paper, None) == 32                      # the paper's cores
     assert dry_run.batch_shapes(paper, 256)["targets"].shape == (256, 114)
