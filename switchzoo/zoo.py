@@ -56,20 +56,21 @@ def _config(name_or_cfg: str | ModelConfig) -> ModelConfig:
 
 
 @functools.lru_cache(maxsize=None)
-def _param_shapes(cfg: ModelConfig) -> tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]:
-    """(logical dims, shape) of every parameter, traced with nnx.eval_shape: no allocation, so
-    Switch-C's 1.6T parameters take about a second."""
+def _param_shapes(cfg: ModelConfig) -> tuple[tuple[str, tuple[str, ...], tuple[int, ...]], ...]:
+    """(stack, logical dims, shape) of every parameter (stack: the first key of its path,
+    'encoder' / 'decoder' / ...), traced with nnx.eval_shape: no allocation, so Switch-C's 1.6T
+    parameters take about a second."""
     from flax import nnx
 
     from switchzoo import transformer
     model = nnx.eval_shape(lambda: transformer.build(cfg))
-    return tuple((v.get_metadata()["dims"], tuple(v.shape))
-                 for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    return tuple((str(path[0]), v.get_metadata()["dims"], tuple(v.shape))
+                 for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
 
 
 def count_params(name_or_cfg: str | ModelConfig) -> int:
     """Number of parameters of a catalogue name or a ModelConfig, from abstract shapes."""
-    return sum(math.prod(shape) for _, shape in _param_shapes(_config(name_or_cfg)))
+    return sum(math.prod(shape) for _, _, shape in _param_shapes(_config(name_or_cfg)))
 
 
 def flops_per_token(name_or_cfg: str | ModelConfig, seq_len: int = SEQ_LEN) -> float:
@@ -77,7 +78,8 @@ def flops_per_token(name_or_cfg: str | ModelConfig, seq_len: int = SEQ_LEN) -> f
 
     2 x the weights one token is multiplied with: every dense and attention projection, the
     router, top_k / num_experts of each expert weight (only the experts it visits; capacity
-    padding is not counted), and the output layer (the tied embedding or lm_head; the embedding
+    padding is not counted; in an experts-choose stack a token visits train capacity factor
+    experts on average), and the output layer (the tied embedding or lm_head; the embedding
     lookup is a gather, free). Plus, per attention layer, 4 x seq_len x heads x d_kv for the
     scores (QK^T) and the weighted values (PV) over ``seq_len`` keys, without a causal discount.
     Norms, softmaxes and position biases are left out. An encoder-decoder counts one source and
@@ -85,14 +87,18 @@ def flops_per_token(name_or_cfg: str | ModelConfig, seq_len: int = SEQ_LEN) -> f
     seq_len x this.
     """
     cfg = _config(name_or_cfg)
-    visited = cfg.moe.top_k / cfg.moe.num_experts if cfg.moe else 0.0
+    def visited(stack: str) -> float:          # the share of each expert weight a token uses
+        moe = cfg.moe
+        picks = (moe.train_capacity_factor if moe.experts_choose(stack == "encoder")
+                 else moe.top_k)
+        return picks / moe.num_experts
     flops = 0.0
-    for dims, shape in _param_shapes(cfg):
+    for stack, dims, shape in _param_shapes(cfg):
         if len(shape) < 2 or "relpos_buckets" in dims:
             continue                                  # norm scales, relative-position biases
         if dims == ("vocab", "d_model") and not cfg.tie_embeddings:
             continue                                  # input embedding: a gather
-        weights = math.prod(shape) * (visited if dims[0] == "experts" else 1.0)
+        weights = math.prod(shape) * (visited(stack) if dims[0] == "experts" else 1.0)
         flops += 2 * weights
         if dims == ("heads", "d_kv", "d_model"):      # one output projection per attention
             flops += 4 * seq_len * shape[0] * shape[1]

@@ -1,6 +1,8 @@
 """The routing family of issue 16 against oracles: experts-choose routing (Zhou et al. 2022)
 against a per-expert loop, DeepSeekMoE shared experts against a dense MLP, DeepSeek-V3's
 auxiliary-loss-free balancing bias against its update rule."""
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -276,3 +278,17 @@ def test_train_step_moves_the_bias_by_the_rule_and_leaves_out_the_aux_loss():
     assert (bias_of(state) != 0).any()
     np.testing.assert_allclose(float(metrics["loss"]), float(metrics["cross_entropy"])
                                + 0.001 * float(metrics["z_loss"]), rtol=1e-6)
+
+
+def test_flops_per_token_count_the_experts_an_experts_choose_token_visits():
+    """An experts-choose encoder token visits capacity-factor experts on average; the decoder
+    (tokens-choose) still visits top_k."""
+    from switchzoo import zoo
+
+    def flops(**kw):
+        return zoo.flops_per_token(tiny(MoeConfig(num_experts=E, **kw), num_encoder_layers=2))
+    experts = sum(math.prod(shape) for stack, dims, shape in zoo._param_shapes(
+        tiny(MoeConfig(num_experts=E), num_encoder_layers=2))
+        if stack == "encoder" and dims[0] == "experts")
+    gained = flops(router="experts_choose", train_capacity_factor=2.0) - flops()
+    assert experts > 0 and gained == pytest.approx(2 * experts * (2.0 - 1.0) / E)
