@@ -67,6 +67,20 @@ def one(command, timeout=300):
     return run.stdout
 
 
+def here(command):
+    """A 1-process train.py ``command`` run in this process (8 simulated devices, the same XLA
+    flags as ``one``): the same program without a process start."""
+    from switchzoo import loop
+    from switchzoo.configs import base, mini
+    config = mini.get_config(command[2].split(":", 1)[1])
+    for flag in command[3:]:
+        if flag.startswith("--config."):
+            key, _, value = flag[len("--config."):].partition("=")
+            base.set_field(config, key, value)
+    workdir = next(f.split("=", 1)[1] for f in command if f.startswith("--workdir="))
+    loop.train(config, workdir, print_fn=lambda *_: None)
+
+
 def ok(results):
     for code, _, err in results:
         assert code == 0, err[-2000:]
@@ -86,8 +100,8 @@ def test_two_processes_train_resume_and_evaluate_like_one(tmp_path):
     started = ok(two(args(tmp_path / "two", 6)))
     shutil.copytree(tmp_path / "two", tmp_path / "moved")
     resumed = ok(two(args(tmp_path / "two", 9)))
-    one(args(tmp_path / "moved", 9))
-    one(args(tmp_path / "single", 9))
+    here(args(tmp_path / "moved", 9))
+    here(args(tmp_path / "single", 9))
 
     # Each process names its split, reads disjoint rows, and together they read 1's batch.
     for i, (_, out, _) in enumerate(started):
