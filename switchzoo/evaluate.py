@@ -56,7 +56,7 @@ def run_model(config, workdir: pathlib.Path, vocab_size: int,
     point or its catalogue entry; with the config's evaluation-time overrides."""
     saved = workdir / MODEL_FILE
     if saved.is_file():
-        model = ModelConfig.from_dict(json.loads(saved.read_text()))
+        model = weights.read_model(saved)
     else:
         model = weights.resolve(config.init_from).cfg if config.init_from else None
     return state_lib.run_model_config(config, vocab_size, model, pieces)

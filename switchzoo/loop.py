@@ -38,8 +38,7 @@ def save_config(workdir: pathlib.Path, config, cfg) -> None:
     model is in no catalogue), written once the run is known to start."""
     atomic.write_text(workdir / "config.json",
                       config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
-    atomic.write_text(workdir / evaluate.MODEL_FILE,
-                      json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+    weights.write_model(workdir, cfg)
 
 
 def train(config, workdir, print_fn=print) -> dict:

@@ -15,7 +15,7 @@ import pathlib
 
 import jax
 
-from switchzoo import atomic, checkpoints, hf, transformer
+from switchzoo import atomic, checkpoints, cli, hf, transformer
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig
 
@@ -79,7 +79,7 @@ class Origin:
             except (ValueError, KeyError, OSError, RuntimeError, TypeError) as e:
                 raise ValueError(f"checkpoint {step} in {self.path / 'checkpoints'} does not "
                                  f"hold the parameters of its {MODEL_FILE} "
-                                 f"({' '.join(str(e).split())[:300]})") from e
+                                 f"({cli.one_line(e)[:300]})") from e
         finally:
             ckpt.close()
         if self.cfg.scan_layers == setup.cfg.scan_layers:

@@ -179,10 +179,11 @@ T5_CONFIGS = {
 
 
 def t5_checkpoint(path, **kw):
+    """A random Hugging Face T5 saved at ``path`` (``kw`` over small defaults)."""
     torch.manual_seed(0)
-    model = T5ForConditionalGeneration(T5Config(
-        vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=1,
-        num_heads=4, **kw)).eval()
+    model = T5ForConditionalGeneration(T5Config(**{
+        **dict(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=1,
+               num_heads=4), **kw})).eval()
     model.save_pretrained(path)
     return model
 

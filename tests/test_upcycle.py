@@ -8,16 +8,14 @@ import json
 import jax
 import numpy as np
 import pytest
-import torch
 from flax import nnx
-from transformers import T5Config, T5ForConditionalGeneration
 
 import switchzoo
 from switchzoo import api, checkpoints, hf, loop, tensorfile, transformer, upcycle, weights
 from switchzoo import state as state_lib
 
 from test_end_to_end import files, logged_steps, tiny_config  # noqa: F401  (files: a fixture)
-from test_hf import inputs
+from test_hf import inputs, t5_checkpoint
 
 TARGET = "switch_base_tiny"       # d_model 64, d_ff 128, 4 heads x 16, 2+2 layers, ReLU, tied
 ONE_DEVICE = dict(layout="data_parallel", mesh="data:1", devices=jax.devices()[:1])  # compiles fast
@@ -26,10 +24,8 @@ ONE_DEVICE = dict(layout="data_parallel", mesh="data:1", devices=jax.devices()[:
 def t5(path, **changes):
     """A random Hugging Face T5 v1.0 (ReLU, tied) shaped like TARGET; 512 ids hold the test
     tokenizer's 400."""
-    torch.manual_seed(0)
-    kw = dict(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
-              feed_forward_proj="relu")
-    T5ForConditionalGeneration(T5Config(**{**kw, **changes})).save_pretrained(path)
+    t5_checkpoint(path, **{**dict(vocab_size=512, d_model=64, d_kv=16, d_ff=128,
+                                  num_decoder_layers=2, feed_forward_proj="relu"), **changes})
     return path
 
 
