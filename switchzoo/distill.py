@@ -16,7 +16,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from switchzoo import checkpoints, evaluate
+from switchzoo import checkpoints, evaluate, weights
 from switchzoo import state as state_lib
 from switchzoo.data import tokenizer as tokenizer_lib
 
@@ -36,11 +36,6 @@ class Teacher:
     setup: state_lib.Setup
     params: object
     step: int
-
-
-def tokenizer_path(directory: pathlib.Path, config) -> pathlib.Path:
-    """Where a run's tokenizer is: its data.vocab_path, else the one it trained and cached."""
-    return pathlib.Path(config.data.vocab_path or directory / tokenizer_lib.CACHE_NAME)
 
 
 def find_teacher(config, workdir) -> tuple[ml_collections.ConfigDict, TeacherRun]:
@@ -72,7 +67,7 @@ def find_teacher(config, workdir) -> tuple[ml_collections.ConfigDict, TeacherRun
                          f"{config.scan_layers}: the student starts from the teacher's weights "
                          "by parameter path, which differ between the two forms; set "
                          f"--config.scan_layers={str(teacher_config.scan_layers).lower()}")
-    teacher_vocab = tokenizer_path(directory, teacher_config)
+    teacher_vocab = weights.run_tokenizer(directory)
     if not teacher_vocab.is_file():
         raise ValueError(f"{what} has no tokenizer at {teacher_vocab}: restore its tokenizer, "
                          "or give a complete run")

@@ -17,7 +17,6 @@ complete or not at all.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import shlex
@@ -100,19 +99,6 @@ def _host_device() -> list:
         return jax.local_devices()[:1]
 
 
-def _tokenizer(origin: weights.Origin) -> pathlib.Path | None:
-    """A workdir's SentencePiece model: its cached one, else the data.vocab_path it ran with."""
-    if not origin.is_workdir:
-        return None
-    cached = origin.path / tokenizer_lib.CACHE_NAME
-    if cached.is_file():
-        return cached
-    run = origin.path / "config.json"
-    given = (json.loads(run.read_text()).get("data") or {}).get("vocab_path") \
-        if run.is_file() else None
-    return pathlib.Path(given).expanduser() if given else None
-
-
 def upcycle(dense_dir, model: str, out, seed: int = 0) -> tuple[ModelConfig, bool]:
     """Writes the upcycled checkpoint to ``out`` (a new or empty directory), through a
     temporary sibling renamed at the end. Returns (its model, whether a tokenizer came with
@@ -133,7 +119,7 @@ def upcycle(dense_dir, model: str, out, seed: int = 0) -> tuple[ModelConfig, boo
     setup = state_lib.setup(origin.cfg.replace(scan_layers=False), "data_parallel", "data:1",
                             devices=_host_device())     # one copy, read back to the host
     params = upcycle_params(jax.device_get(origin.load(setup)), target, seed)
-    tokenizer = _tokenizer(origin)
+    tokenizer = weights.run_tokenizer(origin.path) if origin.is_workdir else None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.upcycling-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:

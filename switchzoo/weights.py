@@ -18,6 +18,7 @@ import jax
 from switchzoo import atomic, checkpoints, cli, hf, transformer
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig
+from switchzoo.data import tokenizer as tokenizer_lib
 
 MODEL_FILE = "model.json"      # a run's (or an upcycled checkpoint's) resolved ModelConfig
 # The fields that decide which tensors a model has and what they compute.
@@ -43,6 +44,15 @@ def read_model(path: pathlib.Path) -> ModelConfig:
         return ModelConfig.from_dict(json.loads(path.read_text()))
     except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
         raise ValueError(f"{path} is not a switchzoo model config ({e})") from None
+
+
+def run_tokenizer(directory: pathlib.Path) -> pathlib.Path:
+    """Where a run's SentencePiece model is: the data.vocab_path in its config.json, else the
+    one it trained and cached in the workdir (the order data.tokenizer loads them in)."""
+    run = pathlib.Path(directory) / "config.json"
+    given = (json.loads(run.read_text()).get("data") or {}).get("vocab_path") \
+        if run.is_file() else None
+    return pathlib.Path(given).expanduser() if given else directory / tokenizer_lib.CACHE_NAME
 
 
 def write_model(directory: pathlib.Path, cfg: ModelConfig) -> None:
