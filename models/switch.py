@@ -182,6 +182,30 @@ MODELS.update({
                "(experiments/switch_vs_dense.py): switch_base_*'s layout (ReLU, tied, every "
                "other FFN sparse) at d_model 128, 4+4 layers; not a published model",
     ) for e in (8, 16, 32)},
+**{f"switch_lm_cpu_{e}": dict(
+        vocab_size=4224, d_model=96, num_heads=4, d_kv=24, d_ff=384, num_layers=4,
+        activation="relu", dropout=0.0, tie_embeddings=True, relpos_buckets=32,
+        relpos_max_distance=128,
+        moe=dict(num_experts=e, top_k=1, group_size=256, train_capacity_factor=1.25,
+                 eval_capacity_factor=2.0, min_capacity=4, jitter=0.01, aux_loss_weight=0.01,
+                 z_loss_weight=0.0, sparse_every=2, sparse_offset=1),
+        source=f"CPU-sized decoder-only Switch LM with {e} experts for the claims study "
+               "(experiments/lm_claims.py): d_model 96, 4 layers, every other FFN sparse, "
+               "ReLU, tied; not a published model",
+    ) for e in (8, 16, 32)},
+    "dense_lm_cpu": dict(
+        vocab_size=4224, d_model=96, num_heads=4, d_kv=24, d_ff=384, num_layers=4,
+        activation="relu", dropout=0.0, tie_embeddings=True, relpos_buckets=32,
+        relpos_max_distance=128,
+        source="FLOP-matched dense baseline of switch_lm_cpu_* (not a published model)",
+    ),
+    "dense_lm_cpu_wide": dict(
+        vocab_size=4224, d_model=96, num_heads=4, d_kv=24, d_ff=1728, num_layers=4,
+        activation="relu", dropout=0.0, tie_embeddings=True, relpos_buckets=32,
+        relpos_max_distance=128,
+        source="dense model with switch_lm_cpu_8's total parameters (FFN widths 2 x 384 + "
+               "2 x 8 x 384 = 4 x 1728): the upper bound of the claims study; not published",
+    ),
     "switch_c_tiny": dict(
         vocab_size=256, d_model=64, num_heads=4, d_kv=16, d_ff=128,
         num_layers=2, num_encoder_layers=2, activation="relu", tie_embeddings=False,

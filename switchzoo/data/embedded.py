@@ -17,6 +17,8 @@ import re
 import struct
 import zlib
 
+import polib
+
 from switchzoo.data import files
 
 LOCALE_DIR = pathlib.Path("/usr/share/locale")
@@ -27,33 +29,15 @@ _MNEMONIC = re.compile(r"(?<![\w_])[_&](?=\w)")
 
 
 def parse_mo(path: pathlib.Path) -> list[tuple[str, str]]:
-    """(msgid, msgstr) of one compiled catalogue; plural entries and the header are left out."""
-    raw = path.read_bytes()
-    if len(raw) < 28:
+    """(msgid, msgstr) of one compiled catalogue (read by polib, which follows the header's
+    charset); plural entries, untranslated ones and the header are left out, a msgctxt dropped.
+    A file that is no catalogue gives none."""
+    try:
+        catalogue = polib.mofile(str(path))
+    except (OSError, ValueError, UnicodeDecodeError, LookupError, struct.error):
         return []
-    magic = struct.unpack("<I", raw[:4])[0]
-    order = "<" if magic == 0x950412DE else ">" if magic == 0xDE120495 else None
-    if order is None:
-        return []
-    _, count, orig_at, trans_at = struct.unpack(order + "4I", raw[4:20])
-    charset = "utf-8"
-    pairs = []
-    for i in range(count):
-        olen, ooff = struct.unpack(order + "2I", raw[orig_at + 8 * i: orig_at + 8 * i + 8])
-        tlen, toff = struct.unpack(order + "2I", raw[trans_at + 8 * i: trans_at + 8 * i + 8])
-        msgid, msgstr = raw[ooff:ooff + olen], raw[toff:toff + tlen]
-        if not msgid:       # the header names the catalogue's charset
-            found = re.search(rb"charset=([\w-]+)", msgstr)
-            charset = found.group(1).decode("ascii") if found else charset
-            continue
-        if b"\x00" in msgid or b"\x00" in msgstr:      # plural forms
-            continue
-        msgid = msgid.split(b"\x04", 1)[-1]             # drop a msgctxt
-        try:
-            pairs.append((msgid.decode("utf-8"), msgstr.decode(charset)))
-        except (UnicodeDecodeError, LookupError):
-            continue
-    return pairs
+    return [(e.msgid, e.msgstr) for e in catalogue
+            if e.msgid and e.msgstr and not e.msgid_plural]
 
 
 def clean(text: str) -> str | None:

@@ -24,18 +24,22 @@ def files(info_dir: pathlib.Path = INFO_DIR) -> list[pathlib.Path]:
 
 def paragraphs(info_dir: pathlib.Path = INFO_DIR) -> list[str]:
     """The prose paragraphs of every manual in ``info_dir`` (none if it has no manuals)."""
+    return list(dict.fromkeys(p for path in files(info_dir) for p in file_paragraphs(path)))
+
+
+def file_paragraphs(path: pathlib.Path) -> list[str]:
+    """The prose paragraphs of one manual (a .info.gz file)."""
+    with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+        text = f.read()
     out = []
-    for path in files(info_dir):
-        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        for node in text.split("\x1f"):
-            for block in re.split(r"\n\s*\n", node):
-                lines = [line.strip() for line in block.splitlines() if line.strip()]
-                if not lines or lines[0].startswith(_NOT_PROSE):
-                    continue
-                paragraph = " ".join(line for line in lines if line)
-                words = _WORD.findall(paragraph)
-                # prose: several words that make up most of the characters
-                if len(words) >= 8 and sum(map(len, words)) >= 0.6 * len(paragraph):
-                    out.append(paragraph[:MAX_CHARS])
+    for node in text.split("\x1f"):
+        for block in re.split(r"\n\s*\n", node):
+            lines = [line.strip() for line in block.splitlines() if line.strip()]
+            if not lines or lines[0].startswith(_NOT_PROSE):
+                continue
+            paragraph = " ".join(line for line in lines if line)
+            words = _WORD.findall(paragraph)
+            # prose: several words that make up most of the characters
+            if len(words) >= 8 and sum(map(len, words)) >= 0.6 * len(paragraph):
+                out.append(paragraph[:MAX_CHARS])
     return list(dict.fromkeys(out))

@@ -1,0 +1,200 @@
+"""Switch vs dense where a dense model is limited by its parameters: a decoder-only LM on prose.
+
+    python -m switchzoo.data.english --out runs/corpus                 # ~24 MB, once
+    python experiments/lm_claims.py --out runs/lm --corpus runs/corpus  # ~2 h on 2 CPU cores
+    python experiments/lm_claims.py --out runs/lm --corpus runs/corpus --report
+
+The Switch paper's claims (Fedus et al. 2021, Figure 4 and Table 1) in miniature: at equal FLOPs
+per token a Switch model reaches a dense model's quality in fewer steps, more experts do better,
+top-1 holds its own against top-2. Every run trains configs/lm_cpu.py (the paper's recipe:
+Adafactor per expert, T5's rsqrt schedule, 0.1x truncated-normal init, no dropout, aux loss 0.01)
+on the same English prose (python -m switchzoo.data.english), the same vocabulary (4,000
+SentencePiece pieces, trained by the first run), 32 x 128 tokens per step for --steps steps:
+dense_lm_cpu has 443k non-embedding parameters, so 2,400 steps are ~9.6M tokens, ~22 tokens per
+parameter (Chinchilla's ~20; Hoffmann et al. 2022), ~1.4 epochs of the corpus (Muennighoff et al.
+2023: up to 4 epochs cost little). Runs of one seed see the same tokens in the same order; the
+seed-1 pair (dense_s1, switch_8_s1) changes the initialisation and the order together, so the
+gap can be read against seed noise.
+
+    dense         dense_lm_cpu            d_model 96, 4 layers, ReLU FFN 384, tied, 849k params
+    switch_8/16/32 switch_lm_cpu_{8,16,32} every other FFN a top-1 Switch layer (cf 1.25)
+    top2_8        switch_lm_cpu_8, top-2  (Table 1's MoE-Base: twice the expert FLOPs)
+    dense_wide    dense_lm_cpu_wide       switch_8's total parameters as dense FFNs (upper bound)
+    *_cf1.0 / *_cf2.0                     Table 1's other capacity factors (top-1 and top-2)
+
+Writes --out/<run>/ (train.py workdirs; run again to continue), docs/lm_claims.json and
+docs/figures/lm_claims.png; ``eval.py --table=switch_table1_mini`` prints the mini Table 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import harness  # noqa: E402
+from harness import Run  # noqa: E402
+
+TOP2 = ("--config.moe.top_k=2",)
+
+
+def cf(x: float) -> tuple[str]:
+    return (f"--config.moe.train_capacity_factor={x}",)
+
+
+RUNS = [   # in the order they run: the headline pair first
+    Run("dense", "dense_lm_cpu", baseline="dense"),
+    Run("switch_8", "switch_lm_cpu_8", baseline="dense"),
+    Run("switch_16", "switch_lm_cpu_16", baseline="dense"),
+    Run("dense_s1", "dense_lm_cpu", seed=1, baseline="dense_s1"),
+    Run("switch_8_s1", "switch_lm_cpu_8", seed=1, baseline="dense_s1"),
+    Run("top2_8", "switch_lm_cpu_8", TOP2, baseline="dense"),
+    Run("switch_32", "switch_lm_cpu_32", baseline="dense"),
+    Run("dense_wide", "dense_lm_cpu_wide", baseline="dense"),
+    Run("switch_8_cf1.0", "switch_lm_cpu_8", cf(1.0), baseline="dense"),
+    Run("top2_8_cf1.0", "switch_lm_cpu_8", TOP2 + cf(1.0), baseline="dense"),
+    Run("switch_8_cf2.0", "switch_lm_cpu_8", cf(2.0), baseline="dense"),
+    Run("top2_8_cf2.0", "switch_lm_cpu_8", TOP2 + cf(2.0), baseline="dense"),
+]
+MAIN = [r.name for r in RUNS[:8]]
+
+
+def study(args) -> harness.Study:
+    corpus = pathlib.Path(args.corpus).resolve()
+    return harness.Study(
+        name=args.name, config="configs/lm_cpu.py", runs=RUNS, steps=args.steps,
+        eval_every=args.eval_every, title="Switch vs dense, decoder-only LM on English prose",
+        flags=(f"--config.data.train_files={corpus / 'train.txt'}",
+               f"--config.data.eval_files={corpus / 'eval.txt'}",
+               f"--config.warmup_steps={args.warmup}",
+               f"--config.data.max_eval_examples={args.eval_examples}"))
+
+
+def corpus_about(corpus: pathlib.Path, tokenizer: pathlib.Path) -> dict:
+    """corpus.json's sources and sha1, and its size in tokens of the study's vocabulary."""
+    about = json.loads((corpus / "corpus.json").read_text())
+    if tokenizer.is_file():
+        import sentencepiece as spm
+        sp = spm.SentencePieceProcessor(model_file=str(tokenizer))
+        for split in ("train", "eval"):
+            lines = (corpus / f"{split}.txt").read_text(encoding="utf-8").splitlines()
+            about[split]["tokens"] = sum(len(ids) + 1 for ids in sp.encode(lines))   # + EOS
+    return about
+
+
+def claims(result: dict) -> dict:
+    """The study's goals, each as holds / fails with its margin (None where a run is missing)."""
+    runs, out = result["runs"], {}
+    spread = harness.seed_spread(result, ["dense", "dense_s1"])
+    spread8 = harness.seed_spread(result, ["switch_8", "switch_8_s1"])
+    out["seed_spread"] = {"dense": spread, "switch_8": spread8}
+    noise = max((s["spread"] for s in (spread, spread8) if s), default=None)
+    if "dense" in runs and "switch_8" in runs:
+        pairs = [(s, d) for s, d in (("switch_8", "dense"), ("switch_8_s1", "dense_s1"))
+                 if s in runs and d in runs]
+        fractions = [runs[s]["fraction_of_baseline_steps"] for s, _ in pairs]
+        gaps = [runs[d]["final_eval_loss"] - runs[s]["final_eval_loss"] for s, d in pairs]
+        mean_gap = sum(gaps) / len(gaps)
+        out["switch_8_speedup"] = {
+            "goal": "switch_8 reaches dense's final held-out loss in <= 2/3 of dense's steps",
+            "fraction_of_dense_steps": fractions,
+            "holds": all(f is not None and f <= 2 / 3 for f in fractions)}
+        out["switch_8_beyond_noise"] = {
+            "goal": "dense - switch_8 final loss > 2 x the seed spread",
+            "gap_per_seed": [round(g, 4) for g in gaps], "mean_gap": round(mean_gap, 4),
+            "seed_spread": noise,
+            "holds": None if noise is None else mean_gap > 2 * noise}
+    series = [n for n in ("dense", "switch_8", "switch_16", "switch_32") if n in runs]
+    if len(series) >= 3:
+        losses = [runs[n]["final_eval_loss"] for n in series]
+        out["more_experts_help"] = {
+            "goal": "final held-out loss falls with experts (Figure 4)", "runs": series,
+            "final_eval_loss": losses,
+            "margins": [round(a - b, 4) for a, b in zip(losses, losses[1:])],
+            "holds": all(a > b for a, b in zip(losses, losses[1:]))}
+    if "dense_wide" in runs and "switch_8" in runs:
+        out["dense_upper_bound"] = {
+            "goal": "switch_8 between dense and the dense model of its total parameters",
+            "dense_wide_minus_switch_8": round(runs["dense_wide"]["final_eval_loss"]
+                                               - runs["switch_8"]["final_eval_loss"], 4)}
+    return out
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    harness.plot_curves(result, path, {
+        "experts at dense FLOPs (seed 0) and bounds": ["dense", "switch_8", "switch_16",
+                                                        "switch_32", "top2_8", "dense_wide"],
+        "seeds and capacity factors": ["dense", "dense_s1", "switch_8", "switch_8_s1",
+                                       "switch_8_cf1.0", "switch_8_cf2.0", "top2_8_cf1.0",
+                                       "top2_8_cf2.0"]})
+
+
+def markdown(result: dict) -> str:
+    lines = ["| run | model | params | seed | tokens | final held-out loss | token ppl | vs "
+             "baseline | steps to baseline's final loss | max/mean expert load | s/step |",
+             "|" + "---|" * 11]
+    for name, r in result["runs"].items():
+        gap = r.get("eval_loss_minus_baseline")
+        frac = r.get("fraction_of_baseline_steps")
+        reach = ("—" if "steps_to_baseline_final_loss" not in r else "not reached"
+                 if frac is None else f"{r['steps_to_baseline_final_loss']} ({frac:.2f})")
+        per_step = (r["seconds"] / r["steps"][-1]) if r.get("seconds") else None
+        lines.append(
+            f"| {name}{'' if r['finished'] else ' (unfinished)'} | {r['model']} | "
+            f"{r['parameters'] / 1e6:.2f}M | {r['seed']} | {r['tokens_seen'] / 1e6:.1f}M | "
+            f"{r['final_eval_loss']:.4f} | {r.get('final_token_perplexity', '')} | "
+            f"{'' if gap is None else f'{gap:+.4f}'} | {reach} | "
+            f"{r.get('max_over_mean_expert_load_eval') or '—'} | "
+            f"{'' if per_step is None else f'{per_step:.2f}'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=pathlib.Path, required=True)
+    p.add_argument("--corpus", type=pathlib.Path, required=True,
+                   help="python -m switchzoo.data.english --out CORPUS")
+    p.add_argument("--runs", nargs="+", default=MAIN, choices=[r.name for r in RUNS])
+    p.add_argument("--steps", type=int, default=2400)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=250)
+    p.add_argument("--eval-examples", type=int, default=2000)
+    p.add_argument("--name", default="lm_claims", help="docs/NAME.json, docs/figures/NAME.png")
+    p.add_argument("--report", action="store_true", help="only collect what has run")
+    args = p.parse_args(argv)
+    if not (args.corpus / "train.txt").is_file():
+        print(f"error: no {args.corpus}/train.txt; build it with python -m switchzoo.data.english"
+              f" --out {args.corpus}", file=sys.stderr)
+        return 2
+    s = study(args)
+    if not args.report:
+        harness.run(s, args.out, only=args.runs)
+    harness.evaluate(s, args.out)       # results.json: what eval.py --table=... reads
+    line = (f"python experiments/lm_claims.py --out {args.out} --corpus {args.corpus} "
+            f"--steps {args.steps} --eval-every {args.eval_every} --warmup {args.warmup} "
+            f"--eval-examples {args.eval_examples}")
+    result = harness.collect(s, args.out, line,
+                             corpus=corpus_about(args.corpus, args.out / "dense" /
+                                                 "tokenizer.model"))
+    dense_params = result["runs"].get("dense", {}).get("parameters")
+    if dense_params:
+        from switchzoo import zoo
+        embedding = zoo.get("dense_lm_cpu").vocab_size * zoo.get("dense_lm_cpu").d_model
+        result["dense_non_embedding_parameters"] = dense_params - embedding
+        result["tokens_per_dense_non_embedding_parameter"] = round(
+            result["runs"]["dense"]["tokens_seen"] / (dense_params - embedding), 1)
+        train_tokens = result["corpus"]["train"].get("tokens")
+        if train_tokens:
+            result["epochs"] = round(result["runs"]["dense"]["tokens_seen"] / train_tokens, 2)
+    result["claims"] = claims(result)
+    harness.write(result, ROOT / "docs", plot)
+    print(markdown(result))
+    print(json.dumps(result["claims"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""experiments/harness.py end to end on two tiny runs: they train (the first one trains the
+vocabulary the second reads), a second harness.run trains nothing, a longer run continues from
+its checkpoint, collect / write give the curves, the comparison with the baseline, the commit
+and the machine, and evaluate leaves the results.json that eval.py --table reads."""
+import json
+import pathlib
+import random
+import sys
+
+from conftest import FAST_COMPILE
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import harness  # noqa: E402
+
+WORDS = {"the": ["cat", "dog", "teacher", "river", "machine", "garden", "city", "child"],
+         "verb": ["sees", "likes", "finds", "carries", "follows", "remembers", "builds"],
+         "adj": ["small", "old", "quiet", "bright", "heavy", "green", "busy"],
+         "end": ["in the morning", "near the house", "after the rain", "every day",
+                 "with care", "on the hill"]}
+
+
+def sentences(n: int) -> str:
+    rng = random.Random(0)
+    pick = lambda k: rng.choice(WORDS[k])    # noqa: E731
+    return "".join(f"The {pick('adj')} {pick('the')} {pick('verb')} the {pick('adj')} "
+                   f"{pick('the')} {pick('end')}.\n" for _ in range(n))
+
+
+def study(text: pathlib.Path, docs: pathlib.Path, steps: int = 4) -> harness.Study:
+    return harness.Study(
+        name="harness_smoke", config="configs/mini.py", steps=steps, eval_every=2, docs=docs,
+        runs=[harness.Run("dense", "dense_tiny", baseline="dense"),
+              harness.Run("switch", "switch_tiny", baseline="dense")],
+        flags=("--config.data.source=files", "--config.data.pair=en-de",
+               f"--config.data.train_files={text}",
+               "--config.data.vocab_size=48", "--config.data.max_eval_examples=8",
+               "--config.per_device_batch_size=4", "--config.max_length=32",
+               "--config.warmup_steps=2"))
+
+
+def test_two_runs_resume_collect_write_and_evaluate(tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE)     # the runs: one CPU device each
+    text = tmp_path / "text.txt"
+    text.write_text(sentences(200), encoding="utf-8")
+    out, docs = tmp_path / "runs", tmp_path / "docs"
+    s = study(text, docs)
+    commands = []
+    harness.run(s, out, log=commands.append)
+    assert len(commands) == 2 and "vocab_path" in commands[1] and "vocab_path" not in commands[0]
+    for name in ("dense", "switch"):
+        assert harness.finished(s, s.get(name), out)
+        assert [r["step"] for r in harness.rows(out / name, "eval")] == [2, 4]
+    before = (out / "switch" / "metrics.jsonl").read_text()
+    harness.run(s, out, log=commands.append)                         # all finished: a no-op
+    assert len(commands) == 2 and (out / "switch" / "metrics.jsonl").read_text() == before
+
+    longer = study(text, docs, steps=6)                              # continues, not restarts
+    harness.run(longer, out, only=["switch"], log=commands.append)
+    assert len(commands) == 3 and "steps=6" in commands[2]
+    assert (out / "switch" / "metrics.jsonl").read_text().startswith(before)
+    assert [r["step"] for r in harness.rows(out / "switch", "eval")] == [2, 4, 6]
+    assert harness.finished(longer, longer.get("switch"), out)
+    assert not harness.finished(longer, longer.get("dense"), out)
+
+    result = harness.collect(s, out, "pytest")
+    dense, switch = result["runs"]["dense"], result["runs"]["switch"]
+    assert dense["steps"] == [2, 4] and switch["steps"] == [2, 4, 6]
+    assert all(x > 0 for x in dense["eval_loss"] + switch["eval_loss"])
+    assert dense["tokens_seen"] > 0 and switch["tokens_seen"] > dense["tokens_seen"]
+    assert switch["eval_loss_minus_baseline"] == round(
+        switch["final_eval_loss"] - dense["final_eval_loss"], 4)
+    assert "eval_loss_minus_baseline" not in dense                  # its own baseline
+    assert switch["max_over_mean_expert_load_eval"] and switch["router_curves"]["step"]
+    assert len(result["commit"]) == 40 and result["machine"]["devices"] >= 1
+    assert switch["commit"] == result["commit"] and switch["seconds"] > 0
+
+    path = harness.write(result, docs, harness.plot_curves)
+    assert json.loads(path.read_text())["runs"]["switch"]["steps"] == [2, 4, 6]
+    figure = docs / "figures" / "harness_smoke.png"
+    assert figure.read_bytes().startswith(b"\x89PNG")
+    assert harness.write({**result, "runs": {}}, docs / "empty") is None
+    assert not (docs / "empty").exists()
+
+    harness.evaluate(longer, out, log=commands.append)               # dense is unfinished at 6
+    assert len(commands) == 4 and "switch" in commands[3]
+    results = json.loads((out / "switch" / "results.json").read_text())
+    assert results["step"] == 6 and not (out / "dense" / "results.json").exists()
+    harness.evaluate(longer, out, log=commands.append)               # up to date: a no-op
+    assert len(commands) == 4
