@@ -6,7 +6,7 @@ schedule, 0.01 then 1/sqrt(step); weights from a truncated normal of std sqrt(0.
 dropout; load-balancing loss 0.01 per Switch layer; top-1 at capacity 1.25, evaluated at 2.0)
 on a decoder-only language model (every token supervised: the LM1B path) sized for one CPU, in
 the regime where a dense model is limited by its parameters: the claims study
-(experiments/lm_claims.py) trains dense_lm_cpu (788k non-embedding parameters) on ~20 tokens
+(experiments/lm_claims.py) trains dense_lm_cpu (443k non-embedding parameters) on ~20 tokens
 per parameter of English prose (python -m switchzoo.data.english --out CORPUS). 32 sequences
 of 128 tokens per step (4,096 tokens), vocabulary 4,000 SentencePiece pieces.
 Variant keys: model, steps, cf (train capacity factor), top_k, seed.

@@ -56,3 +56,31 @@ MODELS["mtf_lm1b_tiny"] = dict(
     activation="relu", tie_embeddings=False,
     source="CPU-sized mtf_lm1b_* (few wide heads, d_ff 4 x d_model, untied); not published",
 )
+
+# CPU-sized series for the Mesh-TF minis (configs/tables/mtf_table2_lm1b.py and mtf_table3_wmt.py
+# MINI; experiments/mtf_tables.py): the papers' recipe of scaling heads and d_ff together at a
+# fixed d_model, with heads = 2**k (1 ... 8) standing for the paper's 4 ... 32. Not published.
+_LM_CPU_SOURCE = (
+    "CPU-sized mtf_lm1b_h* series (experiments/mtf_tables.py --table lm): decoder-only, 2 layers "
+    "(for CPU time; h8 has dense_lm_cpu's FLOPs per token), d_model 96, d_kv 24, {heads} head(s), "
+    "d_ff {d_ff} = 96 x heads (Table 2's d_ff = d_model x heads), ReLU, untied softmax as in the "
+    "paper, no dropout; dense_lm_cpu's vocabulary and width (h4 is its layer); not a published "
+    "model")
+_WMT_CPU_SOURCE = (
+    "CPU-sized mtf_wmt_h* series (experiments/mtf_tables.py --table wmt): encoder-decoder, 3+3 "
+    "layers, d_model 128, d_kv 32, {heads} head(s), d_ff {d_ff} = 64 x heads (d_model / 2 x "
+    "heads, as the d_ff = 512 x heads inferred for Table 3), ReLU, untied softmax as in the "
+    "paper, no dropout; switch_demo's width and depth (h4 is switch_demo with dense FFNs, "
+    "untied), 4,224 ids: the demo's 4,000 pieces and their sentinels, as a run sizes them; not "
+    "a published model")
+
+MODELS.update({f"mtf_lm_cpu_h{h}": dict(
+    vocab_size=4224, d_model=96, num_heads=h, d_kv=24, d_ff=96 * h, num_layers=2,
+    activation="relu", dropout=0.0, tie_embeddings=False, relpos_buckets=32,
+    relpos_max_distance=128, source=_LM_CPU_SOURCE.format(heads=h, d_ff=96 * h),
+) for h in (1, 2, 4, 8)})
+MODELS.update({f"mtf_wmt_cpu_h{h}": dict(
+    vocab_size=4224, d_model=128, num_heads=h, d_kv=32, d_ff=64 * h, num_layers=3,
+    num_encoder_layers=3, activation="relu", dropout=0.0, tie_embeddings=False,
+    source=_WMT_CPU_SOURCE.format(heads=h, d_ff=64 * h),
+) for h in (1, 2, 4, 8)})

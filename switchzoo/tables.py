@@ -9,13 +9,23 @@ numbers but the orderings the paper shows). They are named after the file, ``<st
 ``<stem>_mini``. A row's ``match`` selects runs by values in the run's config.json (dotted
 keys; a null ``moe.*`` override means the catalogue default, which is what is compared);
 ``match=None`` marks a row no catalogue model reproduces.
+
+Runs that match one row and differ only by their config's ``seed`` (how often they log,
+evaluate and checkpoint, and where they read the vocabulary from, are not differences; the
+vocabulary is compared by content) are shown as one row: the mean over the seeds, with their
+spread (max - min). Otherwise the run evaluated at the latest step is shown. Each ordering the
+paper shows is printed with its margin, the smallest difference between a 'better' and a
+'worse' row in the metric's good direction (positive when the claim holds), and the largest
+seed spread of its rows; a margin under twice that spread is within seed noise.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import pathlib
+import statistics
 import sys
 
 from switchzoo import registry, scores
@@ -24,6 +34,12 @@ TABLES = "switchzoo.configs.tables"          # the tables package (configs/table
 _REQUIRED = ("title", "source", "metric", "columns", "rows", "command")
 # Metrics where a larger number is better; every other metric (loss, perplexities) is lower-better.
 HIGHER_IS_BETTER = {"bleu", "neg_log_perplexity"}
+SEED = "seed"
+# Config keys that do not change what a run measures: how often it logs, evaluates and
+# checkpoints, and where it reads its vocabulary from (compared by content instead: _vocabulary).
+BOOKKEEPING = ("log_every_steps", "eval_every_steps", "checkpoint_every_steps",
+               "keep_checkpoints", "data.vocab_path")
+NOISE = 2.0        # a margin under NOISE x the largest seed spread of its rows is within noise
 
 
 def _load_all() -> dict[str, dict]:
@@ -116,8 +132,58 @@ def load_run(run_dir) -> dict:
     return {"dir": str(run_dir), "config": config, "results": scores.read_results(run_dir)}
 
 
+def _step(run: dict) -> int:
+    return run["results"].get("step") or 0
+
+
+def _flatten(config: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _vocabulary(run: dict):
+    """What identifies a run's vocabulary: the sha1 of its SentencePiece model (data.vocab_path,
+    else the workdir's tokenizer.model), else the path it names (None: neither)."""
+    path = (run["config"].get("data") or {}).get("vocab_path") or ""
+    model = (pathlib.Path(path).expanduser() if path
+             else pathlib.Path(run["dir"]) / "tokenizer.model")
+    if model.is_file():
+        return hashlib.sha1(model.read_bytes()).hexdigest()
+    return path or None
+
+
+def _setup(run: dict) -> dict:
+    """The run's config without its seed and bookkeeping, moe.* resolved to what ran, numbers
+    as floats (1 and 1.0 are one capacity factor): runs with equal setups differ only by seed."""
+    flat = _flatten(run["config"])
+    for key in [k for k in flat if k.startswith("moe.")]:
+        flat[key] = _lookup(run["config"], key)
+    for key in BOOKKEEPING + (SEED,):
+        flat.pop(key, None)
+    flat["vocabulary"] = _vocabulary(run)
+    return {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+            for k, v in flat.items()}
+
+
+def _why_not_shown(run: dict, shown: list[dict], setup: dict) -> str:
+    step = f"step {run['results'].get('step')}"
+    if _step(run) != _step(shown[0]):
+        return step
+    other = _setup(run)
+    diff = sorted(k for k in set(setup) | set(other) if setup.get(k) != other.get(k))
+    if diff:
+        return f"{step}; differs in {', '.join(diff[:3])}{', ...' if len(diff) > 3 else ''}"
+    return f"{step}; seed {run['config'].get(SEED)} again"
+
+
 def _assign(table: dict, runs: list[dict]):
-    """row label -> the run shown (latest step wins), notes, unmatched runs."""
+    """row label -> the runs shown (one, or the seeds of one setup at the latest step), notes,
+    unmatched runs."""
     chosen, notes, unmatched = {}, [], []
     by_row: dict[str, list[dict]] = {}
     for run in runs:
@@ -127,28 +193,64 @@ def _assign(table: dict, runs: list[dict]):
         for label in hits:
             by_row.setdefault(label, []).append(run)
     for label, candidates in by_row.items():
-        best = max(candidates, key=lambda r: r["results"].get("step") or 0)
-        chosen[label] = best
-        if len(candidates) > 1:
-            others = ", ".join(f"{r['dir']} (step {r['results'].get('step')})"
-                               for r in candidates if r is not best)
-            notes.append(f"{label}: {len(candidates)} runs match; shown: {best['dir']} (step "
-                         f"{best['results'].get('step')}, the latest); not shown: {others}")
+        best = max(candidates, key=_step)                 # the first of the latest
+        setup, group, seeds = _setup(best), [], set()
+        for run in candidates:
+            seed = run["config"].get(SEED)
+            if _step(run) == _step(best) and seed not in seeds and _setup(run) == setup:
+                group.append(run)
+                seeds.add(seed)
+        chosen[label] = group
+        others = [r for r in candidates if not any(r is g for g in group)]
+        if others:
+            step = best["results"].get("step")
+            shown = (f"{best['dir']} (step {step}, the latest)" if len(group) == 1 else
+                     f"the mean of {', '.join(r['dir'] for r in group)} (seeds "
+                     f"{', '.join(str(r['config'].get(SEED)) for r in group)}; step {step}, the "
+                     f"latest)")
+            not_shown = ", ".join(f"{r['dir']} ({_why_not_shown(r, group, setup)})"
+                                  for r in others)
+            notes.append(f"{label}: {len(candidates)} runs match; shown: {shown}; not shown: "
+                         f"{not_shown}")
     return chosen, notes, unmatched
 
 
-def _ours(run: dict | None, key: str):
-    if run is None:
-        return None
+def _ours_one(run: dict, key: str):
     results = run["results"]
     if key in results:
         return results[key]
     return scores.routing_summary(results).get(key)
 
 
+def _numbers(values: list) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def _ours(group: list[dict] | None, key: str):
+    """The row's value: the run's, or the mean over its seeds (None if a seed lacks it)."""
+    values = [_ours_one(run, key) for run in group or ()]
+    if not values or any(v is None for v in values):
+        return None
+    if all(v == values[0] for v in values):
+        return values[0]
+    return statistics.fmean(values) if _numbers(values) else None
+
+
+def _spread(group: list[dict] | None, key: str) -> float | None:
+    """max - min of the row's value over its seeds; None for one run (no spread measured)."""
+    values = [_ours_one(run, key) for run in group or ()]
+    if len(values) < 2 or any(v is None for v in values) or not _numbers(values):
+        return None
+    return max(values) - min(values)
+
+
 def check_ordering(name: str, run_dirs: list[str]) -> list[dict]:
     """Each of the table's orderings: {"claim", "holds": True / False / None (a run is missing),
-    "detail"}. A claim holds when every 'better' row beats every 'worse' row on its metric."""
+    "margin", "seed_spread", "within_noise", "detail"}. A claim holds when every 'better' row
+    beats every 'worse' row on its metric; the margin is the smallest such difference in the
+    metric's good direction (positive when it holds), seed_spread the largest spread (max - min
+    over seeds) of the claim's rows (None: one seed each), and within_noise whether |margin| <
+    2 x seed_spread (None without a spread)."""
     table = get(name)
     chosen, _, _ = _assign(table, [load_run(d) for d in run_dirs])
     return [_check(claim, table, chosen) for claim in table.get("orderings", ())]
@@ -158,15 +260,37 @@ def _check(claim: dict, table: dict, chosen: dict) -> dict:
     metric = claim.get("metric", table["metric"])
     higher = metric in HIGHER_IS_BETTER
     better, worse = _as_list(claim["better"]), _as_list(claim["worse"])
-    values = {label: _ours(chosen.get(label), metric) for label in better + worse}
-    detail = ", ".join(f"{label}: {scores.fmt(v)}" for label, v in values.items())
+    labels = list(dict.fromkeys(better + worse))
+    values = {label: _ours(chosen.get(label), metric) for label in labels}
+    result = {"claim": claim["claim"], "holds": None, "margin": None, "seed_spread": None,
+              "within_noise": None}
     if any(v is None for v in values.values()):
         missing = [label for label, v in values.items() if v is None]
-        return {"claim": claim["claim"], "holds": None,
-                "detail": "no run for " + ", ".join(missing)}
-    holds = all((values[b] > values[w]) if higher else (values[b] < values[w])
-                for b in better for w in worse)
-    return {"claim": claim["claim"], "holds": holds, "detail": f"{metric}: {detail}"}
+        return {**result, "detail": "no run for " + ", ".join(missing)}
+    margin = min((values[b] - values[w]) if higher else (values[w] - values[b])
+                 for b in better for w in worse)
+    spreads = [s for s in (_spread(chosen.get(label), metric) for label in labels)
+               if s is not None]
+    spread = max(spreads) if spreads else None
+    detail = ", ".join(
+        f"{label}: {scores.fmt(v)}" + (f" (mean of {len(chosen[label])} seeds)"
+                                       if len(chosen[label]) > 1 else "")
+        for label, v in values.items())
+    return {**result, "holds": margin > 0, "margin": margin, "seed_spread": spread,
+            "within_noise": None if spread is None else abs(margin) < NOISE * spread,
+            "detail": f"{metric}: {detail}"}
+
+
+def _ordering_line(result: dict) -> str:
+    mark = {True: "holds", False: "FAILS", None: "untested"}[result["holds"]]
+    if result["holds"] is None:
+        return f"- [{mark}] {result['claim']} ({result['detail']})"
+    if result["within_noise"]:
+        mark += ", within seed noise"
+    spread = ("one seed per row" if result["seed_spread"] is None
+              else f"seed spread {result['seed_spread']:.4g}")
+    return (f"- [{mark}] {result['claim']} (margin {result['margin']:+.4g}; {spread}; "
+            f"{result['detail']})")
 
 
 def collect(name: str, run_dirs: list[str]) -> str:
@@ -175,16 +299,23 @@ def collect(name: str, run_dirs: list[str]) -> str:
     runs = [load_run(d) for d in run_dirs]
     chosen, notes, unmatched = _assign(table, runs)
     ours = table.get("ours", [(table["metric"], f"{table['metric']} (ours)")]) + [("step", "step")]
-    header = ["Model"] + [h for _, h in table["columns"]] + [h for _, h in ours] + ["run"]
+    seeded = any(len(group) > 1 for group in chosen.values())   # a seeds column where one counts
+    header = ["Model"] + [h for _, h in table["columns"]] + [h for _, h in ours] + (
+        [f"seeds (spread of {table['metric']})"] if seeded else []) + ["run"]
     lines = [f"## {table['title']}", "", f"Source: {table['source']}", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table["rows"]:
-        run = chosen.get(row["label"])
+        group = chosen.get(row["label"])
         cells = [row["label"]] + [scores.fmt(row["published"].get(k), exact=True)
                                   for k, _ in table["columns"]]
-        cells += [scores.fmt(_ours(run, k)) for k, _ in ours]
-        cells.append(run["dir"] if run else ("no catalogue model" if row["match"] is None
-                                             else "\u2014"))
+        cells += [scores.fmt(_ours(group, k)) for k, _ in ours]
+        if seeded:
+            spread = _spread(group, table["metric"])
+            cells.append("\u2014" if not group else ", ".join(
+                str(r["config"].get(SEED)) for r in group) + (
+                "" if spread is None else f" ({scores.fmt(float(spread))})"))
+        cells.append(", ".join(r["dir"] for r in group) if group else (
+            "no catalogue model" if row["match"] is None else "\u2014"))
         lines.append("| " + " | ".join(cells) + " |")
     if notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
@@ -196,10 +327,10 @@ def collect(name: str, run_dirs: list[str]) -> str:
             lines.append(f"- {run['dir']} (model {cfg.get('model')}, "
                          f"moe overrides {moe or 'none'})")
     if table.get("orderings"):
-        lines += ["", "Orderings the paper shows:"]
-        marks = {True: "holds", False: "FAILS", None: "untested"}
-        for result in (_check(c, table, chosen) for c in table["orderings"]):
-            lines.append(f"- [{marks[result['holds']]}] {result['claim']} ({result['detail']})")
+        lines += ["", f"Orderings the paper shows (margin: the smallest difference in the good "
+                      f"direction; within seed noise: under {NOISE:g} x the largest seed spread "
+                      f"of its rows):"]
+        lines += [_ordering_line(_check(c, table, chosen)) for c in table["orderings"]]
     lines += ["", f"Reproduce: `{table['command']}`"]
     return "\n".join(lines)
 

@@ -125,11 +125,12 @@ def test_markdown_lists_the_metrics_present():
 
 
 # -------------------------------------------------------------------------------- tables
-def _run(root, name, model, step, results=None, **moe):
+def _run(root, name, model, step, results=None, seed=0, data=None, config=None, **moe):
     d = root / name
     d.mkdir()
     moe = {"train_capacity_factor": None, "eval_capacity_factor": None, "top_k": None, **moe}
-    (d / "config.json").write_text(json.dumps({"model": model, "moe": moe, "data": {}}))
+    (d / "config.json").write_text(json.dumps({"model": model, "moe": moe, "data": data or {},
+                                               "seed": seed, **(config or {})}))
     if results is not None:
         scores.write_results(d, results)
     return str(d)
@@ -171,25 +172,117 @@ def test_collect_puts_published_and_ours_in_the_right_rows(tmp_path):
 
 def test_check_ordering_on_the_mini_table(tmp_path):
     # neg_log_perplexity = -loss: higher is better
-    dense = _run(tmp_path, "dense", "t5_cpu", 200, _results(200, 2.5))
-    sw = [_run(tmp_path, f"sw{cf}", "switch_cpu_8", 200, _results(200, loss), top_k=1,
+    dense = _run(tmp_path, "dense", "dense_lm_cpu", 200, _results(200, 2.5))
+    sw = [_run(tmp_path, f"sw{cf}", "switch_lm_cpu_8", 200, _results(200, loss), top_k=1,
                train_capacity_factor=cf) for cf, loss in ((1.0, 2.3), (1.25, 2.2), (2.0, 2.6))]
-    top2 = _run(tmp_path, "top2", "switch_cpu_8", 200, _results(200, 2.4), top_k=2,
+    top2 = _run(tmp_path, "top2", "switch_lm_cpu_8", 200, _results(200, 2.4), top_k=2,
                 train_capacity_factor=1.0)
     checks = {c["claim"]: c for c in tables.check_ordering("switch_table1_mini",
                                                             [dense, top2] + sw)}
     sparse = next(c for claim, c in checks.items() if claim.startswith("Switch at every"))
     assert sparse["holds"] is False and "2.6" in sparse["detail"]     # cf 2.0 lost to dense
+    assert sparse["margin"] == pytest.approx(-0.1)                    # -2.6 - (-2.5)
     assert checks["Switch (top-1) beats top-2 MoE at capacity 1.0"]["holds"] is True
+    assert checks["Switch (top-1) beats top-2 MoE at capacity 1.0"]["margin"] == pytest.approx(0.1)
     untested = tables.check_ordering("switch_table1_mini", [dense])
-    assert [c["holds"] for c in untested] == [None, None]
+    assert [c["holds"] for c in untested] == [None, None, None]
+    assert [c["margin"] for c in untested] == [None, None, None]
     text = tables.collect("switch_table1_mini", [dense] + sw)
     assert "| -1.731 |" in text and "| -1.561 |" in text        # the paper's rows beside ours
 
 
+def test_ordering_margins_take_the_smallest_gap_in_the_metric_direction(tmp_path):
+    # Switch Table 1 mini, one seed per row: neg_log_perplexity = -loss, higher is better.
+    losses = {(1, 1.0): 2.3, (1, 1.25): 2.2, (1, 2.0): 2.4, (2, 1.0): 2.35, (2, 1.25): 2.1}
+    runs = [_run(tmp_path, "dense", "dense_lm_cpu", 200, _results(200, 2.5))] + [
+        _run(tmp_path, f"k{k}_cf{cf}", "switch_lm_cpu_8", 200, _results(200, loss), top_k=k,
+             train_capacity_factor=cf) for (k, cf), loss in losses.items()]
+    sparse, cf1, cf125 = tables.check_ordering("switch_table1_mini", runs)
+    # the closest Switch (cf 2.0, loss 2.4) sets the margin over dense (2.5): +0.1, not +0.3
+    assert (sparse["holds"], sparse["margin"]) == (True, pytest.approx(0.1))
+    assert (cf1["holds"], cf1["margin"]) == (True, pytest.approx(0.05))
+    assert (cf125["holds"], cf125["margin"]) == (False, pytest.approx(-0.1))
+    assert all(c["seed_spread"] is None and c["within_noise"] is None
+               for c in (sparse, cf1, cf125))
+    text = tables.collect("switch_table1_mini", runs)
+    assert ("- [holds] Switch at every capacity factor reaches lower loss than dense at equal "
+            "steps (margin +0.1; one seed per row; neg_log_perplexity: ") in text
+    assert "- [FAILS] Switch (top-1) beats top-2 MoE at capacity 1.25 (margin -0.1; " in text
+    assert "seeds (spread" not in text                  # no seeds column without seed groups
+    # word perplexity: lower is better, so the margin is worse - better
+    ppl = {1: 100.0, 2: 90.0, 4: 85.0, 8: 86.0}
+    lm = [_run(tmp_path, f"h{h}", f"mtf_lm_cpu_h{h}", 50, _results(50, 3.0, word_perplexity=p))
+          for h, p in ppl.items()]
+    assert [(c["holds"], round(c["margin"], 9)) for c in tables.check_ordering(
+        "mtf_table2_lm1b_mini", lm)] == [(True, 10.0), (True, 5.0), (False, -1.0)]
+
+
+def test_runs_differing_only_by_seed_are_averaged_with_their_spread(tmp_path):
+    vocab = tmp_path / "dense_s0" / "tokenizer.model"        # the first run trains the vocabulary
+    # dense: seeds 0 and 1, the same vocabulary (one trained it, the other read it; compared by
+    # content) and a different eval interval (bookkeeping): one row, the mean, spread 0.02
+    d0 = _run(tmp_path, "dense_s0", "dense_lm_cpu", 200, _results(200, 2.50),
+              data={"vocab_path": ""}, config={"eval_every_steps": 100})
+    vocab.write_bytes(b"the vocabulary")
+    d1 = _run(tmp_path, "dense_s1", "dense_lm_cpu", 200, _results(200, 2.52), seed=1,
+              data={"vocab_path": str(vocab)}, config={"eval_every_steps": 50})
+    # another vocabulary is another setup, not a seed: not averaged
+    other = tmp_path / "other.model"
+    other.write_bytes(b"another vocabulary")
+    d2 = _run(tmp_path, "dense_s2_vocab", "dense_lm_cpu", 200, _results(200, 9.0), seed=2,
+              data={"vocab_path": str(other)})
+    # switch_8: seeds 0 and 1 (spread 0.06, mean 2.43); seed 2 stopped early (step 100) and a
+    # duplicate of seed 0 are not shown; null overrides = the catalogue's top-1 at 1.25
+    s0 = _run(tmp_path, "sw8_s0", "switch_lm_cpu_8", 200, _results(200, 2.40))
+    s1 = _run(tmp_path, "sw8_s1", "switch_lm_cpu_8", 200, _results(200, 2.46), seed=1,
+              top_k=1, train_capacity_factor=1.25)
+    s2 = _run(tmp_path, "sw8_s2_early", "switch_lm_cpu_8", 100, _results(100, 2.0), seed=2)
+    s0b = _run(tmp_path, "sw8_s0_again", "switch_lm_cpu_8", 200, _results(200, 2.0))
+    s16 = _run(tmp_path, "sw16", "switch_lm_cpu_16", 200, _results(200, 2.41))
+    s32 = _run(tmp_path, "sw32", "switch_lm_cpu_32", 200, _results(200, 2.30))
+    runs = [d0, d1, d2, s0, s1, s2, s0b, s16, s32]
+    eight, sixteen, thirty_two = tables.check_ordering("switch_figure4_mini", runs)
+    # 8 vs dense: -2.43 - (-2.51) = 0.08 < 2 x 0.06 (switch_8's spread, the larger)
+    assert eight["holds"] is True and eight["margin"] == pytest.approx(0.08)
+    assert eight["seed_spread"] == pytest.approx(0.06) and eight["within_noise"] is True
+    assert "dense_lm_cpu (dense): -2.51 (mean of 2 seeds)" in eight["detail"]
+    # 16 vs 8: 0.02, still within switch_8's noise; 32 vs 16: one seed each, no spread
+    assert sixteen["margin"] == pytest.approx(0.02) and sixteen["within_noise"] is True
+    assert sixteen["seed_spread"] == pytest.approx(0.06)
+    assert thirty_two["margin"] == pytest.approx(0.11) and thirty_two["seed_spread"] is None
+    assert thirty_two["within_noise"] is None and thirty_two["holds"] is True
+
+    text = tables.collect("switch_figure4_mini", runs)
+    dense_row = _row(text, "dense_lm_cpu (dense)")
+    assert "| -2.51 |" in dense_row and "| 0, 1 (0.02) |" in dense_row
+    assert dense_row.endswith(f"| {d0}, {d1} |")
+    row8 = _row(text, "switch_lm_cpu_8")
+    assert "| -2.43 |" in row8 and "| 0, 1 (0.06) |" in row8 and "| 200 |" in row8
+    assert _row(text, "switch_lm_cpu_32").endswith(f"| 0 | {s32} |")
+    assert ("- [holds, within seed noise] 8 experts beat dense at equal FLOPs per token (margin "
+            "+0.08; seed spread 0.06; neg_log_perplexity: ") in text
+    assert "- [holds] 32 experts beat 16 (margin +0.11; one seed per row; " in text
+    notes = text.split("Notes:")[1]
+    assert f"the mean of {s0}, {s1} (seeds 0, 1; step 200, the latest)" in notes
+    assert f"{s2} (step 100)" in notes and f"{s0b} (step 200; seed 0 again)" in notes
+    assert f"{d2} (step 200; differs in vocabulary)" in notes
+
+    # A gap beyond the noise is not flagged; one seed per row keeps today's table (no seeds
+    # column, the latest step wins)
+    far = _run(tmp_path, "sw8_far", "switch_lm_cpu_8", 300, _results(300, 2.0))
+    check = tables.check_ordering("switch_figure4_mini", [d0, d1, far])[0]
+    assert check["margin"] == pytest.approx(0.51) and check["within_noise"] is False
+    assert "- [holds] 8 experts beat dense at equal FLOPs per token (margin +0.51; seed spread " \
+           "0.02; " in tables.collect("switch_figure4_mini", [d0, d1, far])
+    single = tables.collect("switch_figure4_mini", [d0, far, s0])
+    assert "seeds (spread" not in single and _row(single, "switch_lm_cpu_8").endswith(
+        f"| 300 | {far} |")
+
+
 def test_every_shipped_table_loads():
     assert {"switch_table1", "switch_table1_mini", "mtf_table2_lm1b", "mtf_table2_lm1b_mini",
-            "mtf_table3_wmt", "mtf_table3_wmt_mini"} <= set(tables.names())
+            "mtf_table3_wmt", "mtf_table3_wmt_mini", "switch_figure4_mini"} <= set(tables.names())
+    assert "switch_figure4" not in tables.names()                   # a MINI-only module
     from switchzoo import zoo
     models = set(zoo.names())
     for name in tables.names():
@@ -200,8 +293,10 @@ def test_every_shipped_table_loads():
             assert row["match"] is None or row["match"].get("model") in models, (name, row)
         if name.endswith("_mini"):
             assert table.get("orderings"), name
-            assert all(v is None or k in ("capacity_factor", "top_k", "paper_neg_log_perplexity")
-                       for row in table["rows"] for k, v in row["published"].items())
+            # what the row is, or the paper's figure for the row it stands for: nothing else
+            assert all(v is None or k.startswith("paper_") or k in (
+                "capacity_factor", "top_k", "experts", "heads", "d_ff")
+                for row in table["rows"] for k, v in row["published"].items())
         assert tables.collect(name, []).startswith(f"## {table['title']}")
 
 
