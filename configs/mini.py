@@ -1,13 +1,13 @@
 """python train.py --config=configs/mini.py:model=switch_tiny --workdir=runs/mini_switch_tiny
 
-CPU-sized runs for the mini tables (python -m switchzoo.tables --list): a language model on the
-English side of the embedded corpus, every model trained with the same data, steps and batch, so
-validation losses compare at equal steps. Then, for example:
+Minutes-long CPU runs of the tiny catalogue models: a language model on the English side of the
+embedded corpus, every model trained with the same data, steps and batch, so validation losses
+compare at equal steps (the mini tables, python -m switchzoo.tables --list, read the longer
+studies of experiments/lm_claims.py and experiments/mtf_tables.py instead). For example:
 
-    for m in switch_tiny dense_tiny mtf_lm1b_tiny; do
+    for m in switch_tiny dense_tiny; do
       python train.py --config=configs/mini.py:model=$m --workdir=runs/mini_$m &&
       python eval.py --workdir=runs/mini_$m; done
-    python eval.py --table=mtf_table2_lm1b_mini --runs=runs/mini_switch_tiny,runs/mini_dense_tiny,runs/mini_mtf_lm1b_tiny
 
 Variant keys: model, steps, task (lm; translation needs encoder-decoders such as switch_base_tiny
 and t5_tiny), and any config field (e.g. moe.train_capacity_factor=1.0).

@@ -86,8 +86,11 @@ def corpus_about(corpus: pathlib.Path, tokenizer: pathlib.Path) -> dict:
 
 
 def claims(result: dict) -> dict:
-    """The study's goals, each as holds / fails with its margin (None where a run is missing)."""
-    runs, out = result["runs"], {}
+    """The study's goals, each as holds / fails with its margin, from finished runs only (a goal
+    whose runs have not finished is left out)."""
+    runs = {n: r for n, r in result["runs"].items() if r["finished"]}
+    result = {**result, "runs": runs}
+    out = {}
     spread = harness.seed_spread(result, ["dense", "dense_s1"])
     spread8 = harness.seed_spread(result, ["switch_8", "switch_8_s1"])
     out["seed_spread"] = {"dense": spread, "switch_8": spread8}
@@ -134,21 +137,20 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 def markdown(result: dict) -> str:
     lines = ["| run | model | params | seed | tokens | final held-out loss | token ppl | vs "
-             "baseline | steps to baseline's final loss | max/mean expert load | s/step |",
+             "baseline | steps to baseline's final loss | max/mean expert load | tokens/s |",
              "|" + "---|" * 11]
     for name, r in result["runs"].items():
         gap = r.get("eval_loss_minus_baseline")
         frac = r.get("fraction_of_baseline_steps")
         reach = ("—" if "steps_to_baseline_final_loss" not in r else "not reached"
                  if frac is None else f"{r['steps_to_baseline_final_loss']} ({frac:.2f})")
-        per_step = (r["seconds"] / r["steps"][-1]) if r.get("seconds") else None
         lines.append(
             f"| {name}{'' if r['finished'] else ' (unfinished)'} | {r['model']} | "
             f"{r['parameters'] / 1e6:.2f}M | {r['seed']} | {r['tokens_seen'] / 1e6:.1f}M | "
             f"{r['final_eval_loss']:.4f} | {r.get('final_token_perplexity', '')} | "
             f"{'' if gap is None else f'{gap:+.4f}'} | {reach} | "
             f"{r.get('max_over_mean_expert_load_eval') or '—'} | "
-            f"{'' if per_step is None else f'{per_step:.2f}'} |")
+            f"{r.get('tokens_per_sec') or ''} |")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ documents (eval capacity factor 2.0):
     moe_top2_8   switch_cpu_8, top-2 at capacity factor 1.25 (more FLOPs: Table 1's MoE-Base)
 
 Runs through experiments/harness.py: writes --out/<run>/ (train.py workdirs, resumable; each
-finished run evaluated by eval.py, so eval.py --table=switch_table1_mini reads them),
+finished run evaluated by eval.py, as python -m switchzoo.tables reads runs),
 docs/switch_vs_dense.json (harness.collect's: curves, the step at which each run first reaches
 its baseline's final eval loss, expert loads and router diagnostics, the machine and commit),
 docs/figures/switch_vs_dense.png and docs/figures/switch_vs_dense_router.png. The span-corruption
@@ -47,7 +47,7 @@ RUNS = [   # in the order they run; each compared with its baseline
     Run("switch_16", "switch_cpu_16", baseline="dense"),
     Run("switch_32", "switch_cpu_32", baseline="dense"),
     Run("moe_top2_8", "switch_cpu_8", TOP2, baseline="dense"),
-    # Table 1's capacity 1.0 rows (switch_table1_mini)
+    # Table 1's capacity 1.0 rows (span corruption; the mini table now reads lm_claims.py)
     Run("switch_8_cf1.0", "switch_cpu_8", CF1, baseline="dense"),
     Run("moe_top2_8_cf1.0", "switch_cpu_8", TOP2 + CF1, baseline="dense"),
     # issue 24: the router's updates x10 (router_learning_rate_scale), beside switch_8_cf1.0
