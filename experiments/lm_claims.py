@@ -18,6 +18,7 @@ gap can be read against seed noise.
 
     dense         dense_lm_cpu            d_model 96, 4 layers, ReLU FFN 384, tied, 849k params
     switch_8/16/32 switch_lm_cpu_{8,16,32} every other FFN a top-1 Switch layer (cf 1.25)
+    switch_8_every switch_lm_cpu_8_every  every FFN a Switch layer (8 experts; Switch-C's layout)
     top2_8        switch_lm_cpu_8, top-2  (Table 1's MoE-Base: twice the expert FLOPs)
     dense_wide    dense_lm_cpu_wide       switch_8's total parameters as dense FFNs (upper bound)
     *_cf1.0 / *_cf2.0                     Table 1's other capacity factors (top-1 and top-2)
@@ -54,6 +55,8 @@ RUNS = [   # in the order they run: the headline pair first
     Run("top2_8", "switch_lm_cpu_8", TOP2, baseline="dense"),
     Run("switch_32", "switch_lm_cpu_32", baseline="dense"),
     Run("dense_wide", "dense_lm_cpu_wide", baseline="dense"),
+    # what the literature does where the gain is small: every FFN sparse (Switch-C, nanoMOE)
+    Run("switch_8_every", "switch_lm_cpu_8_every", baseline="dense"),
     Run("switch_8_cf1.0", "switch_lm_cpu_8", cf(1.0), baseline="dense"),
     Run("top2_8_cf1.0", "switch_lm_cpu_8", TOP2 + cf(1.0), baseline="dense"),
     Run("switch_8_cf2.0", "switch_lm_cpu_8", cf(2.0), baseline="dense"),
@@ -129,7 +132,8 @@ def claims(result: dict) -> dict:
 def plot(result: dict, path: pathlib.Path) -> None:
     harness.plot_curves(result, path, {
         "experts at dense FLOPs (seed 0) and bounds": ["dense", "switch_8", "switch_16",
-                                                        "switch_32", "top2_8", "dense_wide"],
+                                                        "switch_32", "top2_8", "dense_wide",
+                                                        "switch_8_every"],
         "seeds and capacity factors": ["dense", "dense_s1", "switch_8", "switch_8_s1",
                                        "switch_8_cf1.0", "switch_8_cf2.0", "top2_8_cf1.0",
                                        "top2_8_cf2.0"]})

@@ -193,6 +193,16 @@ MODELS.update({
                "(experiments/lm_claims.py): d_model 96, 4 layers, every other FFN sparse, "
                "ReLU, tied; not a published model",
     ) for e in (8, 16, 32)},
+    "switch_lm_cpu_8_every": dict(
+        vocab_size=4224, d_model=96, num_heads=4, d_kv=24, d_ff=384, num_layers=4,
+        activation="relu", dropout=0.0, tie_embeddings=True, relpos_buckets=32,
+        relpos_max_distance=128,
+        moe=dict(num_experts=8, top_k=1, group_size=256, train_capacity_factor=1.25,
+                 eval_capacity_factor=2.0, min_capacity=4, jitter=0.01, aux_loss_weight=0.01,
+                 z_loss_weight=0.0, sparse_every=1),
+        source="switch_lm_cpu_8 with every FFN a Switch layer (as Switch-C and the nanoMOE "
+               "reference), twice the expert parameters at the same FLOPs; not published",
+    ),
     "dense_lm_cpu": dict(
         vocab_size=4224, d_model=96, num_heads=4, d_kv=24, d_ff=384, num_layers=4,
         activation="relu", dropout=0.0, tie_embeddings=True, relpos_buckets=32,
