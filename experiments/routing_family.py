@@ -30,6 +30,24 @@ Runs through experiments/harness.py (the special starts are Run.before hooks): w
 --out/<run>/ (train.py workdirs, resumable; each finished run evaluated by eval.py),
 docs/routing_family.json (harness.collect's, with the findings) and
 docs/figures/routing_family.png.
+
+--regime lm asks (c) and (d) in experiments/lm_claims.py's regime instead (run from the repo root):
+
+    python experiments/routing_family.py --regime lm --corpus runs/corpus --out runs/rf_lm \
+        --reuse runs/lm                     # then again with --report
+
+a decoder-only LM on the English prose corpus with configs/lm_cpu.py (the paper's recipe), its
+defaults (--steps 2400, --eval-every 200, --warmup 250, --eval-examples 2000) and one vocabulary;
+t5_cpu becomes dense_lm_cpu and switch_cpu_8 switch_lm_cpu_8. The runs: dense, top1 (the
+teacher), student, student_init, then dense_cont and upcycled (upcycled_raw, top2 and bias on
+request with --runs; ec does not apply: experts-choose routing reads later tokens). --reuse DIR
+takes dense and top1 from lm_claims' finished runs DIR/dense and DIR/switch_8 of the same recipe
+(out/<run> links there; neither trained nor evaluated here; the JSON's "reused" names them), the
+vocabulary with them; dense_half is then DIR/dense's checkpoint at --steps/2 where it kept one,
+else a dense run trained here to --steps/2 (in the seconds of the first continued run). Writes
+docs/routing_family_lm.json and docs/figures/routing_family_lm.png. The upcycled LM is written
+as a switchzoo checkpoint (the Hugging Face format holds no decoder-only model), which init_from
+reads as it reads a run.
 """
 from __future__ import annotations
 
@@ -45,6 +63,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import harness  # noqa: E402
+import lm_claims  # noqa: E402
 import switch_vs_dense as svd  # noqa: E402
 from harness import Run  # noqa: E402
 
@@ -61,6 +80,19 @@ def keep_half(study: harness.Study, run: Run, out: pathlib.Path) -> list[str]:
     return []
 
 
+def reused_half(study: harness.Study, half: Run, out: pathlib.Path) -> None:
+    """dense_half where keep_half never ran (out/dense links a reused run): a copy of that run
+    with its checkpoint at --steps/2 alone where it kept one, else the dense run trained here to
+    --steps/2 (the same seed and data order: the reused run's first half)."""
+    dense = (out / "dense").resolve()
+    kept = dense / "checkpoints" / str(half.steps)
+    if kept.is_dir():
+        shutil.copytree(dense, out / HALF, ignore=lambda d, names: [
+            n for n in names if pathlib.Path(d) == kept.parent and n != kept.name])
+    else:
+        harness.train(study, half, out)
+
+
 def start(study: harness.Study, run: Run, out: pathlib.Path) -> list[str]:
     """Flags of how a run starts (run.starts_from) from another run's weights, with a fresh
     optimizer: "half:dense" (the dense run's checkpoint at --steps/2), "upcycle:dense" (that
@@ -68,6 +100,9 @@ def start(study: harness.Study, run: Run, out: pathlib.Path) -> list[str]:
     kind, source = run.starts_from.split(":")
     if kind == "teacher":
         return [f"--config.distill.teacher={out / source}"]
+    half = dataclasses.replace(study.get("dense"), name=HALF, steps=study.steps // 2)
+    if not harness.finished(study, half, out):
+        reused_half(study, half, out)
     if kind == "half":
         return [f"--config.init_from={out / HALF}"]
     upcycled = out / "upcycled_init"
@@ -100,13 +135,52 @@ RUNS = [   # in the order they run; the continued runs train --steps/2 (study())
 ]
 
 
-def study(args, docs: pathlib.Path) -> harness.Study:
+LM_MODELS = {"t5_cpu": "dense_lm_cpu", "switch_cpu_8": "switch_lm_cpu_8"}
+LM = ["dense", "top1", "student", "student_init", "dense_cont", "upcycled",   # (d), then (c)
+      "upcycled_raw", "top2", "bias"]                                       # on request
+LM_RUNS = [dataclasses.replace(r, model=LM_MODELS[r.model]) for n in LM for r in RUNS
+           if r.name == n]
+REUSED = {"dense": "dense", "top1": "switch_8"}     # run -> lm_claims' run of the same recipe
+REGIMES = {"span": dict(runs=RUNS, main=[r.name for r in RUNS], name="routing_family",
+                        steps=1000, eval_every=125, eval_examples=500),
+           "lm": dict(runs=LM_RUNS, main=LM[:6], name="routing_family_lm",       # lm_claims'
+                      steps=2400, eval_every=200, eval_examples=2000)}
+
+
+def study(args, docs: pathlib.Path | None) -> harness.Study:
     """The study; the continued runs train --steps/2 with a fresh schedule (--continue-warmup)."""
     runs = [dataclasses.replace(r, steps=args.steps // 2, flags=(
                 *r.flags, f"--config.warmup_steps={args.continue_warmup}"))
-            if r.starts_from in CONTINUED else r for r in RUNS]
+            if r.starts_from in CONTINUED else r for r in REGIMES[args.regime]["runs"]]
+    if args.regime == "lm":
+        return dataclasses.replace(
+            lm_claims.study(argparse.Namespace(**vars(args), name=args.json.stem)), runs=runs,
+            title="The routing family and model surgery, decoder-only LM on English prose")
     return svd.span_study(args, args.json.stem, runs, docs,
                           title="The routing family and model surgery, span corruption")
+
+
+def link_reused(study: harness.Study, args) -> None:
+    """out/<run> -> --reuse's run (REUSED) for each not here yet; it must be finished under the
+    study's recipe, its curve standing for the run's."""
+    corpus = args.corpus.resolve()
+    for name, source in REUSED.items():
+        run, link, there = study.get(name), args.out / name, (args.reuse / source).resolve()
+        if link.exists() or link.is_symlink():
+            continue
+        c = json.loads((there / "config.json").read_text()) if (
+            there / "config.json").is_file() else {}
+        got = [c.get(k) for k in ("model", "seed", "num_train_steps", "eval_every_steps",
+                                  "warmup_steps")] + [c.get("data", {}).get(k) for k in (
+            "train_files", "eval_files", "max_eval_examples")]
+        want = [run.model, run.seed, study.steps, study.eval_every, args.warmup,
+                str(corpus / "train.txt"), str(corpus / "eval.txt"), args.eval_examples]
+        if got != want or not harness.finished(study, dataclasses.replace(run, name=source),
+                                               args.reuse):
+            sys.exit(f"--reuse: {there} is not a finished run of {want} (model, seed, steps, "
+                     f"eval every, warm-up, train, eval files, eval examples): it has {got}")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(there, target_is_directory=True)
 
 
 def findings(result: dict) -> dict:
@@ -165,31 +239,70 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(argv) -> argparse.Namespace:
+    """The regime's flags and defaults (--regime span: the flags as they were before --regime)."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--regime", choices=REGIMES, default="span",
+                       help="span: span corruption (t5_cpu); lm: lm_claims.py's decoder-only LM")
+    name = first.parse_known_args(argv)[0].regime
+    regime = REGIMES[name]
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[first])
     p.add_argument("--out", type=pathlib.Path, required=True)
-    p.add_argument("--runs", nargs="+", default=[r.name for r in RUNS],
-                   choices=[r.name for r in RUNS])
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--eval-every", type=int, default=125)
-    svd.recipe_arguments(p)
-    p.set_defaults(eval_examples=500)
+    p.add_argument("--runs", nargs="+", default=regime["main"],
+                   choices=[r.name for r in regime["runs"]])
+    p.add_argument("--steps", type=int, default=regime["steps"])
+    p.add_argument("--eval-every", type=int, default=regime["eval_every"])
+    if name == "span":
+        svd.recipe_arguments(p)
+    else:
+        p.add_argument("--corpus", type=pathlib.Path, required=True,
+                       help="python -m switchzoo.data.english --out CORPUS")
+        p.add_argument("--reuse", type=pathlib.Path, help="lm_claims.py's --out: its finished "
+                       "dense and switch_8 runs stand for dense and top1")
+        p.add_argument("--warmup", type=int, default=250)
+        p.add_argument("--eval-examples", type=int)
+    p.set_defaults(eval_examples=regime["eval_examples"])
     p.add_argument("--continue-warmup", type=int, default=100,
                    help="warm-up of the runs continued from the dense checkpoint")
     p.add_argument("--report", action="store_true", help="only collect what has run")
-    p.add_argument("--json", type=pathlib.Path, default=ROOT / "docs/routing_family.json",
+    p.add_argument("--json", type=pathlib.Path, default=ROOT / f"docs/{regime['name']}.json",
                    help="the results (its stem names the study)")
     p.add_argument("--figure", type=pathlib.Path,
-                   default=ROOT / "docs/figures/routing_family.png")
-    args = p.parse_args(argv)
-    line = harness.command_line("routing_family.py", args)
+                   default=ROOT / f"docs/figures/{regime['name']}.png")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = arguments(argv)
+    lm = args.regime == "lm"
+    line = harness.command_line("routing_family.py", args,
+                                skip=("report",) if lm else ("report", "regime"))
     args.out = args.out.resolve()
-    docs, corpus = svd.english_docs(args.out, write=not args.report)
+    if lm and not (args.corpus / "train.txt").is_file():
+        print(f"error: no {args.corpus}/train.txt; build it with python -m switchzoo.data.english"
+              f" --out {args.corpus}", file=sys.stderr)
+        return 2
+    docs, corpus = (None, None) if lm else svd.english_docs(args.out, write=not args.report)
     s = study(args, docs)
     if not args.report:
+        if lm and args.reuse:
+            link_reused(s, args)
         harness.run(s, args.out, only=args.runs)
-        harness.evaluate(s, args.out)
+    reused = {r.name: (args.out / r.name).resolve() for r in s.runs
+              if (args.out / r.name).is_symlink()}
+    if not args.report:
+        harness.evaluate(dataclasses.replace(s, runs=[r for r in s.runs if r.name not in reused]),
+                         args.out)
+    if lm:
+        corpus = lm_claims.corpus_about(args.corpus, args.out / "dense" / "tokenizer.model")
     result = harness.collect(s, args.out, line, corpus=corpus)
+    for name, workdir in reused.items():     # read there; seconds, commit: its study's record
+        record = harness._seconds(workdir.parent)
+        if name in result["runs"]:
+            result["runs"][name].update(seconds=record.get(workdir.name),
+                                        commit=record.get("commits", {}).get(workdir.name))
+        result.setdefault("reused", {})[name] = str(
+            workdir.relative_to(ROOT) if workdir.is_relative_to(ROOT) else workdir)
     result["findings"] = findings(result)
     harness.write(result, ROOT / "docs", plot, path=args.json, figure=args.figure)
     print(markdown(result))

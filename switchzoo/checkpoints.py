@@ -68,6 +68,13 @@ class Checkpoints:
             optimizer=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
             data=ocp.args.JsonSave(data_state)), force=force)
 
+    def save_params(self, step: int, params) -> None:
+        """A checkpoint of the weights alone (an upcycled model: what init_from and evaluation
+        restore; it cannot resume a run), written before this returns."""
+        self.manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params)),
+                          force=True)
+        self.manager.wait_until_finished()
+
     def restore(self, step: int, abstract: TrainState, shardings: TrainState):
         """(TrainState with ``shardings``, data-iterator state) of checkpoint ``step``."""
         optimizer = {"step": abstract.step, "opt_state": abstract.opt_state}

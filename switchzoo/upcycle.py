@@ -16,10 +16,12 @@ A run turns it off with --config.moe.gates_sum_to_one=false.
         --config.data.vocab_path=OUT/tokenizer.model --workdir=RUN
 
 DIR: a switchzoo workdir (its newest checkpoint) or a Hugging Face SwitchTransformers / T5
-directory. OUT: a Hugging Face SwitchTransformers directory (config.json + model.safetensors),
-NAME's full switchzoo config (model.json: the catalogue's routing and gates_sum_to_one, which the
-Hugging Face config cannot hold and init_from prefers) and, from a workdir, the run's
-tokenizer.model. OUT appears complete or not at all.
+directory. OUT: a Hugging Face SwitchTransformers directory (config.json + model.safetensors)
+where that format holds NAME (ReLU encoder-decoders), otherwise (decoder-only or gated models)
+a switchzoo checkpoint of the weights alone (checkpoints/0, as a run's); either way NAME's full
+switchzoo config (model.json: the catalogue's routing and gates_sum_to_one, which the Hugging
+Face config cannot hold and init_from prefers) and, from a workdir, the run's tokenizer.model.
+OUT appears complete or not at all.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from switchzoo import cli, hf, transformer, weights, zoo
+from switchzoo import checkpoints, cli, hf, transformer, weights, zoo
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig
 from switchzoo.data import tokenizer as tokenizer_lib
@@ -119,13 +121,11 @@ def upcycle(dense_dir, model: str, out, seed: int = 0) -> tuple[ModelConfig, boo
                          "(nothing was written)")
     origin = weights.resolve(dense_dir)
     target = target_model(origin.cfg, model)
-    try:                             # a model the format cannot hold: refused before any reading
-        hf.config_to_hf(target)
+    try:                             # a model the Hugging Face format cannot hold is written
+        hf.config_to_hf(target)      # as a switchzoo checkpoint
+        as_hf = True
     except hf.CheckpointError:
-        raise ValueError(f"{model}: upcycling writes a Hugging Face SwitchTransformers directory, "
-                         "which holds ReLU encoder-decoders only, and this model is decoder-only "
-                         "or gated; pick a ReLU encoder-decoder Switch model (e.g. switch_cpu_8, "
-                         "switch_base_8)") from None
+        as_hf = False
     setup = state_lib.setup(origin.cfg.replace(scan_layers=False), "data_parallel", "data:1",
                             devices=_host_device())     # one copy, read back to the host
     params = upcycle_params(jax.device_get(origin.load(setup)), target, seed)
@@ -133,7 +133,14 @@ def upcycle(dense_dir, model: str, out, seed: int = 0) -> tuple[ModelConfig, boo
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.upcycling-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        hf.save(tmp, target, params)
+        if as_hf:
+            hf.save(tmp, target, params)
+        else:
+            saver = checkpoints.Checkpoints(tmp / "checkpoints", 1, None, use_async=False)
+            try:
+                saver.save_params(0, params)
+            finally:
+                saver.close()
         weights.write_model(tmp, target)
         if tokenizer is not None and tokenizer.is_file():
             shutil.copyfile(tokenizer, tmp / tokenizer_lib.CACHE_NAME)

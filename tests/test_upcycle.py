@@ -235,3 +235,42 @@ def test_train_continues_from_the_upcycled_checkpoint_with_the_catalogue_routing
     assert (moe["group_size"], moe["expert_capacity"], moe["num_experts"]) == (32, None, 4)
     assert moe["gates_sum_to_one"] is True      # model.json's, which the HF config cannot hold
     assert weights.resolve(tmp_path).is_workdir     # and this run can start the next one
+
+
+def test_a_decoder_only_model_upcycles_to_a_switchzoo_checkpoint(tmp_path):
+    """The Hugging Face format holds no decoder-only model: the upcycled LM is written as a
+    switchzoo checkpoint of the weights (checkpoints/0 + model.json) that init_from reads; its
+    experts are the dense MLPs, routers fresh, everything else copied."""
+    dense_cfg = switchzoo.zoo.get("dense_tiny")
+    setup = state_lib.setup(dense_cfg, optimizer="adamw", **ONE_DEVICE)
+    state = setup.init()
+    ckpt = checkpoints.Checkpoints(tmp_path / "lm" / "checkpoints", 1)
+    ckpt.save(5, state, {}, force=True)
+    ckpt.close()
+    weights.write_model(tmp_path / "lm", dense_cfg)
+    assert upcycle.main(["--dense", str(tmp_path / "lm"), "--model", "switch_tiny", "--out",
+                         str(tmp_path / "up")]) == 0
+    origin = weights.resolve(tmp_path / "up")
+    assert origin.is_workdir and origin.cfg.moe.gates_sum_to_one
+    assert not (tmp_path / "up" / hf.SINGLE).exists()
+    got = jax.device_get(origin.load(state_lib.setup(origin.cfg, **ONE_DEVICE)))
+    assert origin.loaded["step"] == 0
+    dense = jax.device_get(state.params)
+    sparse = weights.sparse_layers(origin.cfg)["decoder"]
+    assert len(sparse) == 2
+    flat = dict(jax.tree_util.tree_flatten_with_path(got)[0])
+    want = dict(jax.tree_util.tree_flatten_with_path(dense)[0])
+    experts = 0
+    for path, leaf in flat.items():
+        keys = [getattr(k, "key", k) for k in path]
+        if "router" in keys:
+            continue
+        source = want[path]
+        if keys[:2] == ["decoder", "layers"] and keys[2] in sparse and keys[3] == "ffn":
+            assert leaf.shape == (8,) + source.shape
+            for e in range(8):
+                np.testing.assert_array_equal(leaf[e], source)
+            experts += 1
+        else:
+            np.testing.assert_array_equal(leaf, source, err_msg=str(keys))
+    assert experts == 2 * 2 and len(flat) == len(want) + len(sparse)      # + one router each
