@@ -154,7 +154,7 @@ def markdown(result: dict) -> str:
             f"{r['final_eval_loss']:.4f} | {r.get('final_token_perplexity', '')} | "
             f"{'' if gap is None else f'{gap:+.4f}'} | {reach} | "
             f"{r.get('max_over_mean_expert_load_eval') or '—'} | "
-            f"{r.get('tokens_per_sec') or ''} |")
+            f"{round(r['tokens_per_sec']) if r.get('tokens_per_sec') else ''} |")
     return "\n".join(lines)
 
 

@@ -7,8 +7,8 @@ documentation packages without installing them):
   * linux-doc-6.1: the kernel's Documentation/ (reStructuredText; translations left out), GPL-2;
   * python3.11-doc: the Python documentation's reStructuredText sources, PSF-2.0;
   * git-doc: git's manual pages and guides (AsciiDoc, read as the same light markup), GPL-2;
-  * the GNU Texinfo manuals installed in --info-dir (coreutils, grep, sed, ...), GFDL, each
-    credited to the package that installed it (dpkg -S);
+  * the GNU Texinfo manuals installed in --info-dir (coreutils, grep, sed, ...; mostly GFDL),
+    each credited to the package that installed it (dpkg -S) and its copyright file;
   * the English side of the shipped gettext catalogues (switchzoo/data/corpus), under the
     licences of the programs they translate (switchzoo/data/corpus/en-de.md).
 Each file is cut into paragraphs of running prose: headings, directives, literal and code blocks,
@@ -230,7 +230,8 @@ def build(out: pathlib.Path, debs: pathlib.Path, info_dir: pathlib.Path,
                                                manuals.file_paragraphs(path)))
     for owner, files in sorted(by_owner.items()):
         add({"package": owner, "version": versions.get(owner, ""),
-             "licence": "GFDL (GNU manual)", "files": len(files), "from": str(info_dir)}, files)
+             "licence": f"the manual's, in /usr/share/doc/{owner}/copyright (GNU manuals: "
+                        "mostly GFDL)", "files": len(files), "from": str(info_dir)}, files)
     english = [e for e, _ in embedded.shipped("de") if is_prose(e)]
     add({"package": "switchzoo/data/corpus/en-de.tsv.xz (English side)",
          "licence": "the translated programs' licences (switchzoo/data/corpus/en-de.md)",
