@@ -35,6 +35,18 @@ MODELS = {
 }
 
 
+# The claims study's decoder-only LMs (experiments/lm_claims.py): one width, dense or sparse.
+_LM_CPU = dict(vocab_size=4224, d_model=96, num_heads=4, d_kv=24, d_ff=384, num_layers=4,
+               activation="relu", dropout=0.0, tie_embeddings=True, relpos_buckets=32,
+               relpos_max_distance=128)
+
+
+def _lm_cpu_moe(experts: int, **layout) -> dict:
+    return dict(num_experts=experts, top_k=1, group_size=256, train_capacity_factor=1.25,
+                eval_capacity_factor=2.0, min_capacity=4, jitter=0.01, aux_loss_weight=0.01,
+                z_loss_weight=0.0, **layout)
+
+
 # Hugging Face checkpoints google/switch-base-{8..256}: T5 v1.0 layout (ReLU, d_ff 3072, tied
 # embeddings), every other FFN a Switch layer at i % 2 == 1 (HF's convention, sparse_offset=1).
 # Routing numbers from flaxformer t5x/configs/moe/models/switch_base.gin (group 8192, capacity
@@ -183,36 +195,22 @@ MODELS.update({
                "other FFN sparse) at d_model 128, 4+4 layers; not a published model",
     ) for e in (8, 16, 32)},
 **{f"switch_lm_cpu_{e}": dict(
-        vocab_size=4224, d_model=96, num_heads=4, d_kv=24, d_ff=384, num_layers=4,
-        activation="relu", dropout=0.0, tie_embeddings=True, relpos_buckets=32,
-        relpos_max_distance=128,
-        moe=dict(num_experts=e, top_k=1, group_size=256, train_capacity_factor=1.25,
-                 eval_capacity_factor=2.0, min_capacity=4, jitter=0.01, aux_loss_weight=0.01,
-                 z_loss_weight=0.0, sparse_every=2, sparse_offset=1),
+        **_LM_CPU, moe=_lm_cpu_moe(e, sparse_every=2, sparse_offset=1),
         source=f"CPU-sized decoder-only Switch LM with {e} experts for the claims study "
                "(experiments/lm_claims.py): d_model 96, 4 layers, every other FFN sparse, "
                "ReLU, tied; not a published model",
     ) for e in (8, 16, 32)},
     "switch_lm_cpu_8_every": dict(
-        vocab_size=4224, d_model=96, num_heads=4, d_kv=24, d_ff=384, num_layers=4,
-        activation="relu", dropout=0.0, tie_embeddings=True, relpos_buckets=32,
-        relpos_max_distance=128,
-        moe=dict(num_experts=8, top_k=1, group_size=256, train_capacity_factor=1.25,
-                 eval_capacity_factor=2.0, min_capacity=4, jitter=0.01, aux_loss_weight=0.01,
-                 z_loss_weight=0.0, sparse_every=1),
+        **_LM_CPU, moe=_lm_cpu_moe(8, sparse_every=1),
         source="switch_lm_cpu_8 with every FFN a Switch layer (as Switch-C and the nanoMOE "
                "reference), twice the expert parameters at the same FLOPs; not published",
     ),
     "dense_lm_cpu": dict(
-        vocab_size=4224, d_model=96, num_heads=4, d_kv=24, d_ff=384, num_layers=4,
-        activation="relu", dropout=0.0, tie_embeddings=True, relpos_buckets=32,
-        relpos_max_distance=128,
+        **_LM_CPU,
         source="FLOP-matched dense baseline of switch_lm_cpu_* (not a published model)",
     ),
     "dense_lm_cpu_wide": dict(
-        vocab_size=4224, d_model=96, num_heads=4, d_kv=24, d_ff=1728, num_layers=4,
-        activation="relu", dropout=0.0, tie_embeddings=True, relpos_buckets=32,
-        relpos_max_distance=128,
+        **{**_LM_CPU, "d_ff": 1728},
         source="dense model with switch_lm_cpu_8's total parameters (FFN widths 2 x 384 + "
                "2 x 8 x 384 = 4 x 1728): the upper bound of the claims study; not published",
     ),
