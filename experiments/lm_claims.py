@@ -61,6 +61,9 @@ RUNS = [   # in the order they run: the headline pair first
     Run("top2_8_cf1.0", "switch_lm_cpu_8", TOP2 + cf(1.0), baseline="dense"),
     Run("switch_8_cf2.0", "switch_lm_cpu_8", cf(2.0), baseline="dense"),
     Run("top2_8_cf2.0", "switch_lm_cpu_8", TOP2 + cf(2.0), baseline="dense"),
+    # second seeds for Figure 4's last two rungs (their margins were within 2x the seed spread)
+    Run("switch_16_s1", "switch_lm_cpu_16", seed=1, baseline="dense_s1"),
+    Run("switch_32_s1", "switch_lm_cpu_32", seed=1, baseline="dense_s1"),
 ]
 MAIN = [r.name for r in RUNS[:8]]
 

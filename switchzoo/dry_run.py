@@ -82,8 +82,9 @@ def batch_shapes(config, batch: int) -> dict:
             if k != "num_words"}       # evaluation's word counts: not a training field
 
 
-def run(config, print_fn=print) -> dict:
-    """Compiles the config's train step on this process's devices; returns the report."""
+def compile_step(config):
+    """(compiled, setup, batch, seconds): the config's train step compiled for its mesh on this
+    process's devices, from abstract state (what the dry run and the layout search read)."""
     from switchzoo import steps
     validate.check(config)
     if config.distill.teacher:
@@ -101,7 +102,13 @@ def run(config, print_fn=print) -> dict:
     lowered = step.lower(setup.abstract, batch)
     compiled = lowered.compile(inspector.cpu_inspect_options()
                                if jax.default_backend() == "cpu" else None)
-    seconds = time.perf_counter() - start
+    return compiled, setup, batch, time.perf_counter() - start
+
+
+def run(config, print_fn=print) -> dict:
+    """Compiles the config's train step on this process's devices; returns the report."""
+    compiled, setup, batch, seconds = compile_step(config)
+    layout = setup.layout
     memory = inspector.memory_stats(compiled)
     params = sum(x.size for x in jax.tree.leaves(setup.abstract.params))
     report = {"model": config.model, "task": config.task, "devices": int(layout.mesh.size),

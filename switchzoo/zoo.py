@@ -86,7 +86,7 @@ def flops_per_token(name_or_cfg: str | ModelConfig, seq_len: int = SEQ_LEN) -> f
     one target token, both sequences ``seq_len`` long: its FLOPs per sequence pair are
     seq_len x this.
     """
-    cfg = _config(name_or_cfg)
+    cfg = _config(name_or_cfg).replace(scan_layers=False)   # per-layer shapes: no 'layers' dim
     def visited(stack: str) -> float:          # the share of each expert weight a token uses
         moe = cfg.moe
         picks = (moe.train_capacity_factor if moe.experts_choose(stack == "encoder")

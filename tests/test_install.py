@@ -21,6 +21,7 @@ PROGRAM = textwrap.dedent("""
     import json, pathlib, sys
     import switchzoo
     from switchzoo import layout, loop, tables, zoo
+    from switchzoo.layout import hardware
     from switchzoo.configs import mini
     config = mini.get_config("model=switch_tiny,steps=1")
     config.log_every_steps, config.checkpoint_every_steps, config.eval_every_steps = 1, 1, 0
@@ -31,6 +32,7 @@ PROGRAM = textwrap.dedent("""
     row = loop.train(config, sys.argv[1], print_fn=said.append)
     print(json.dumps({"said": said, "file": switchzoo.__file__, "zoo": zoo.names(),
                       "layouts": sorted(layout.presets()), "tables": tables.names(),
+                      "hardware": sorted(hardware.profiles()),
                       "loss": row["loss"], "step": row["step"]}))
 """)
 
@@ -72,6 +74,7 @@ def test_a_wheel_installed_elsewhere_has_the_catalogue_and_trains(tmp_path):
     assert pathlib.Path(got["file"]).is_relative_to(env_dir), got["file"]
     assert {"switch_tiny", "switch_base_8", "switch_c_2048", "t5_base"} <= set(got["zoo"])
     assert {"data_parallel", "dp_ep", "dp_mp_ep", "expert_parallel"} <= set(got["layouts"])
+    assert got["hardware"] == ["a100", "h100", "tpu_v3", "tpu_v4", "tpu_v5e"]
     assert "switch_table1" in got["tables"] and "mtf_table2_lm1b_mini" in got["tables"]
     assert got["step"] == 1 and got["loss"] > 0
     assert any("53,474 shipped pairs + 0 from the catalogues" in line for line in got["said"])
@@ -89,6 +92,15 @@ def test_a_wheel_installed_elsewhere_has_the_catalogue_and_trains(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "resuming at step 1" in out.stdout
     assert (tmp_path / "run" / "checkpoints" / "2").is_dir()
+    # The layout search from the wheel, its config and hardware profile read from the package.
+    out = subprocess.run([str(python), "-m", "switchzoo.layout", "search", "--model",
+                          "switch_tiny", "--devices", "2", "--hardware", "h100", "--config",
+                          "configs/lm1b.py", "--length", "16", "--batch", "2", "--top", "1",
+                          "--no-scan", "--remat", "none"], cwd=elsewhere, capture_output=True,
+                         text=True, env={**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE,
+                                         "SWITCHZOO_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "winner: --config.mesh=" in out.stdout
 
 
 def _recipes() -> dict[str, tuple[list[str], str]]:

@@ -26,7 +26,16 @@ flags.DEFINE_bool("dry_run", False, "Compile the train step for the config's mes
                   "CPU devices (abstract state: nothing allocated or written) and report "
                   "per-device memory, collectives and compile time.")
 flags.DEFINE_integer("devices", None, "--dry_run: the device count where the mesh leaves an "
-                     "axis open (-1).")
+                     "axis open (-1); --search_layout: the devices to lay out on (default: the "
+                     "config mesh's).")
+flags.DEFINE_bool("search_layout", False, "Search the mesh and layout for the config's model, "
+                  "batch, dtype, remat and optimizer on --devices devices of --hardware "
+                  "(python -m switchzoo.layout search; nothing is run or written).")
+flags.DEFINE_string("hardware", None, "--search_layout: hardware profile (layouts/hardware/: "
+                    "tpu_v3, tpu_v4, tpu_v5e, a100, h100).")
+flags.DEFINE_float("memory_gib", None, "--search_layout: memory budget per device (default: "
+                   "the profile's).")
+flags.DEFINE_string("write_layout", None, "--search_layout: save the winner as layouts/NAME.toml.")
 flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 cli.define_distributed_flags()
 
@@ -35,7 +44,17 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)   # JAX's backend probing is noise here
     f = flags.FLAGS
-    if f.dry_run:
+    search_only = [n for n in ("hardware", "memory_gib", "write_layout") if f[n].present]
+    if search_only and not f.search_layout:
+        cli.bad_flag(f"--{search_only[0]} is read only with --search_layout; drop it or add "
+                     "--search_layout")
+    if f.search_layout:
+        if f.dry_run or f.workdir:
+            cli.bad_flag("--search_layout runs nothing and writes no workdir: drop "
+                         f"{'--dry_run' if f.dry_run else '--workdir'}")
+        cli.refuse_distributed_flags("--search_layout compiles on simulated devices and")
+        cli.run(lambda: _search_layout(f))
+    elif f.dry_run:
         cli.refuse_distributed_flags("--dry_run compiles on simulated devices and")
         cli.run(lambda: _dry_run(f))
     elif f.devices is not None:
@@ -46,6 +65,17 @@ def main(argv):
                      "config.json (or --dry_run to only compile)")
     else:
         cli.run(lambda: (cli.initialize_distributed(), loop.train(f.config, f.workdir)))
+
+
+def _search_layout(f) -> None:
+    from switchzoo.layout import search
+    if not f.hardware:
+        raise ValueError("--search_layout needs --hardware (tpu_v3, tpu_v4, tpu_v5e, a100, h100)")
+    devices = f.devices or dry_run.devices_needed(f.config, None)   # default: the config mesh's
+    code = search.run_config(f.config, devices, f.hardware, f.memory_gib, "data,model,expert",
+                             "", 6, True, False, f.write_layout, sys.argv)
+    if code:
+        sys.exit(code)
 
 
 def _dry_run(f) -> None:

@@ -1,5 +1,10 @@
-"""python -m switchzoo.layout: the layout inspector's command line (switchzoo/inspector.py)."""
+"""python -m switchzoo.layout: the layout inspector (switchzoo/inspector.py); with ``search``
+first, the layout search (switchzoo/layout/search.py)."""
 import sys
+
+if sys.argv[1:2] == ["search"]:
+    from switchzoo.layout import search
+    sys.exit(search.main())
 
 from switchzoo import inspector
 
