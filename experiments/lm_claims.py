@@ -14,7 +14,8 @@ dense_lm_cpu has 443k non-embedding parameters, so 2,400 steps are ~9.6M tokens,
 parameter (Chinchilla's ~20; Hoffmann et al. 2022), ~1.4 epochs of the corpus (Muennighoff et al.
 2023: up to 4 epochs cost little). Runs of one seed see the same tokens in the same order; the
 seed-1 pair (dense_s1, switch_8_s1) changes the initialisation and the order together, so the
-gap can be read against seed noise.
+gap can be read against seed noise (switch_16_s1 and switch_32_s1 add second seeds to Figure
+4's last rungs).
 
     dense         dense_lm_cpu            d_model 96, 4 layers, ReLU FFN 384, tied, 849k params
     switch_8/16/32 switch_lm_cpu_{8,16,32} every other FFN a top-1 Switch layer (cf 1.25)
@@ -80,14 +81,25 @@ def study(args) -> harness.Study:
 
 
 def corpus_about(corpus: pathlib.Path, tokenizer: pathlib.Path) -> dict:
-    """corpus.json's sources and sha1, and its size in tokens of the study's vocabulary."""
+    """corpus.json's sources and sha1, and its size in tokens of the study's vocabulary (counted
+    once per corpus and tokenizer: cached beside the tokenizer)."""
     about = json.loads((corpus / "corpus.json").read_text())
-    if tokenizer.is_file():
+    if not tokenizer.is_file():
+        return about
+    import hashlib
+    key = [about.get("sha1"), hashlib.sha1(tokenizer.read_bytes()).hexdigest()]
+    cache = tokenizer.parent / "corpus_tokens.json"
+    counts = json.loads(cache.read_text()) if cache.is_file() else {}
+    if counts.get("key") != key:
         import sentencepiece as spm
         sp = spm.SentencePieceProcessor(model_file=str(tokenizer))
+        counts = {"key": key}
         for split in ("train", "eval"):
             lines = (corpus / f"{split}.txt").read_text(encoding="utf-8").splitlines()
-            about[split]["tokens"] = sum(len(ids) + 1 for ids in sp.encode(lines))   # + EOS
+            counts[split] = sum(len(ids) + 1 for ids in sp.encode(lines))   # + EOS
+        cache.write_text(json.dumps(counts))
+    for split in ("train", "eval"):
+        about[split]["tokens"] = counts[split]
     return about
 
 
@@ -118,9 +130,13 @@ def claims(result: dict) -> dict:
             "holds": None if noise is None else mean_gap > 2 * noise}
     series = [n for n in ("dense", "switch_8", "switch_16", "switch_32") if n in runs]
     if len(series) >= 3:
-        losses = [runs[n]["final_eval_loss"] for n in series]
+        def mean(n):       # over the seeds run for this rung (the seed-1 run, where finished)
+            seeds = [runs[m]["final_eval_loss"] for m in (n, f"{n}_s1") if m in runs]
+            return round(sum(seeds) / len(seeds), 4)
+        losses = [mean(n) for n in series]
         out["more_experts_help"] = {
             "goal": "final held-out loss falls with experts (Figure 4)", "runs": series,
+            "seeds": {n: [m for m in (n, f"{n}_s1") if m in runs] for n in series},
             "final_eval_loss": losses,
             "margins": [round(a - b, 4) for a, b in zip(losses, losses[1:])],
             "holds": all(a > b for a, b in zip(losses, losses[1:]))}

@@ -116,7 +116,7 @@ def test_cost_model_is_the_stated_textbook_formulas():
     assert p.seconds(c("all-gather", 4)) == pytest.approx(3 / 4 * 2 ** 20 / bw)
     assert p.seconds(c("reduce-scatter", 4)) == pytest.approx(3 / 4 * 2 ** 20 / bw)
     assert p.seconds(c("all-to-all", 4)) == pytest.approx(3 / 4 * 2 ** 20 / bw)
-    assert p.seconds(c("all-to-all", 32)) == pytest.approx(32 / 8 * 2 ** 20 / bw)   # bisection
+    assert p.seconds(c("all-to-all", 1024)) == pytest.approx(1024 ** 0.5 / 8 * 2 ** 20 / bw)  # 2D torus bisection
     g = hardware.get("h100")                         # NVLink within a node, the NIC across
     assert g.seconds(c("all-reduce", 4, True)) == pytest.approx(1.5 * 2 ** 20 / g.dcn_bytes_per_s)
     assert g.seconds(c("all-to-all", 32)) == pytest.approx(31 / 32 * 2 ** 20 / g.ici_bytes_per_s)

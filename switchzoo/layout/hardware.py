@@ -10,9 +10,10 @@ The cost model (overlap ignored: the step time is the sum, an upper bound):
   all-reduce     = 2 (n-1)/n x bytes / bw            (ring; bytes: the buffer)
   all-gather     = (n-1)/n x bytes / bw              (bytes: the gathered result)
   reduce-scatter = (n-1)/n x bytes / bw              (bytes: the full input)
-  all-to-all     = (n-1)/n x bytes / bw on a switch; on a torus axis (a ring of n devices)
-                   at least the bisection's time: the n x bytes / 4 that cross a cut each way
-                   over its 2 links, max((n-1)/n x bytes / bw, n x bytes / (8 bw))
+  all-to-all     = (n-1)/n x bytes / bw on a switch; on a torus at least the bisection's
+                   time: n devices laid on a d-dimensional torus (torus_dims) of side n^(1/d)
+                   have 2 n^((d-1)/d) links across a cut, and n x bytes / 4 cross it each way:
+                   max((n-1)/n x bytes / bw, n^(1/d) x bytes / (8 bw))
   collective-permute = bytes / bw
 where n is the group size and bw the fast interconnect's, or the network's when a group holds
 devices of different hosts and the fast interconnect does not span hosts. Devices are taken to
@@ -31,7 +32,7 @@ from switchzoo.layout import hlo
 PACKAGE = "switchzoo.layouts"
 FOLDER = "hardware"
 FIELDS = ("name", "doc", "peak_flops", "hbm_bytes", "devices_per_host", "topology",
-          "ici_bytes_per_s", "dcn_bytes_per_s", "ici_spans_hosts")
+          "torus_dims", "ici_bytes_per_s", "dcn_bytes_per_s", "ici_spans_hosts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Profile:
     hbm_bytes: int
     devices_per_host: int
     topology: str
+    torus_dims: int
     ici_bytes_per_s: float
     dcn_bytes_per_s: float
     ici_spans_hosts: bool
@@ -64,7 +66,7 @@ class Profile:
             return share * c.bytes / bw
         if c.kind == "all-to-all":
             torus = self.topology == "torus" and not (c.crosses_hosts and not self.ici_spans_hosts)
-            return max(share, n / 8 if torus else 0.0) * c.bytes / bw
+            return max(share, n ** (1 / self.torus_dims) / 8 if torus else 0.0) * c.bytes / bw
         return c.bytes / bw                            # collective-permute
 
 

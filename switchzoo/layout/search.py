@@ -102,7 +102,7 @@ class Candidate:
 @dataclasses.dataclass
 class Sizes:
     """The model's and the run's dimension sizes the enumeration checks."""
-    batch: int
+    batch: int              # sequences per micro-batch
     heads: int
     d_ff: int
     vocab: int
@@ -141,7 +141,7 @@ def enumerate_candidates(n: int, axes: tuple[str, ...], sizes: Sizes,
                 pruned["unused mesh axis"] += 1
                 continue
             cand = Candidate(mesh, tuple((d, rules[d]) for d in dims))
-            home = sum(HOME[d] in rules[d] for d in dims)
+            home = (sum(HOME[d] in rules[d] for d in dims), -len(live))   # usual names, fewer axes
             k = cand.key(ordered)
             if k in best:
                 pruned["same as another up to axis names"] += 1
@@ -169,13 +169,15 @@ class Model:
     accumulate: int = 1      # micro-batches per step: activations of one micro-batch live
 
     def state_bytes(self, c: Candidate) -> int:
-        """Parameters + gradients + optimizer state per device (float32), from the layout."""
+        """Parameters + gradients (+ their sum over micro-batches) + optimizer state per device
+        (float32), from the layout."""
         total = 0.0
         bparts = c.parts("batch")
         for dims, elements in self.tensors:
             parts = math.prod(c.parts(d) for d in set(dims) if d in DIMS and d != "batch")
             weights = 4 * elements / parts
-            total += 2 * weights + weights * self.opt_per_param / (
+            grads = 2 if self.accumulate > 1 else 1       # + the accumulated sum
+            total += (1 + grads) * weights + weights * self.opt_per_param / (
                 bparts if self.shard_update else 1)
         return int(total)
 
@@ -276,10 +278,12 @@ def cache_dir() -> pathlib.Path:
 
 @functools.cache
 def code_version() -> str:
-    """sha1 of switchzoo's source: a cached compile is stale once the code changes."""
+    """sha1 of switchzoo's source: a cached compile is stale once the code changes (all of it
+    but the search and the cost model, which read the cached numbers afresh)."""
     root = pathlib.Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
-    for path in sorted(root.rglob("*.py")):
+    skip = {pathlib.Path(__file__).resolve(), pathlib.Path(hardware.__file__).resolve()}
+    for path in sorted(p for p in root.rglob("*.py") if p.resolve() not in skip):
         h.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
     return h.hexdigest()
 
@@ -349,7 +353,7 @@ def search(config, profile: hardware.Profile, budget_bytes: float,
     cfg = _run_cfg(config)
     optimizer = state_lib.run_optimizer(config)
     model = analytic_model(config, cfg, optimizer)
-    sizes = Sizes(model.batch, cfg.num_heads, cfg.d_ff, cfg.vocab_size,
+    sizes = Sizes(model.batch // model.accumulate, cfg.num_heads, cfg.d_ff, cfg.vocab_size,
                   cfg.moe.num_experts if cfg.moe else 0)
     start = time.perf_counter()
     cands, pruned = enumerate_candidates(n, axes, sizes, fixed,
@@ -444,13 +448,17 @@ def nearest_feasible(model: Model, row: dict, budget: float, n: int) -> str:
     peak = row["peak_bytes"]
     gib = lambda b: f"{b / GIB:.1f} GiB"    # noqa: E731
     options = []
-    for k in (2, 4, 8, 16, 32):
-        if model.batch % (k * cand.parts("batch")) == 0:
-            less = acts - dataclasses.replace(model, accumulate=model.accumulate * k) \
-                .activation_bytes(cand)
-            if peak - less <= budget or k == 32:
-                options.append(f"--grad-accum {model.accumulate * k} (~{gib(peak - less)})")
-                break
+    best = None
+    for k in (2, 4, 8, 16, 32, 64):
+        if model.batch % (model.accumulate * k * cand.parts("batch")):
+            break
+        less = acts - dataclasses.replace(model, accumulate=model.accumulate * k) \
+            .activation_bytes(cand)
+        best = f"--grad-accum {model.accumulate * k} (~{gib(peak - less)})"
+        if peak - less <= budget:
+            break
+    if best:
+        options.append(best)
     if model.remat != "full":
         less = acts - dataclasses.replace(model, remat="full").activation_bytes(cand)
         options.append(f"--remat full (~{gib(peak - less)})")
