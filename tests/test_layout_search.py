@@ -220,3 +220,7 @@ def test_train_flags_read_only_with_search_layout():
                          text=True)
     assert out.returncode == 2
     assert "--hardware is read only with --search_layout" in out.stderr
+    out = subprocess.run([sys.executable, "train.py", "--config=configs/lm1b.py",
+                          "--search_layout", "--devices=8"], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0
+    assert "--search_layout needs --hardware" in out.stderr

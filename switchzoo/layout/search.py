@@ -449,13 +449,16 @@ def nearest_feasible(model: Model, row: dict, budget: float, n: int) -> str:
     gib = lambda b: f"{b / GIB:.1f} GiB"    # noqa: E731
     options = []
     best = None
+    summed = dataclasses.replace(model, accumulate=max(model.accumulate, 2))
+    extra = summed.state_bytes(cand) - model.state_bytes(cand)   # the gradients' running sum
     for k in (2, 4, 8, 16, 32, 64):
-        if model.batch % (model.accumulate * k * cand.parts("batch")):
+        if model.batch % (model.accumulate * k * cand.parts("batch")) or \
+                summed.state_bytes(cand) > budget:
             break
         less = acts - dataclasses.replace(model, accumulate=model.accumulate * k) \
             .activation_bytes(cand)
-        best = f"--grad-accum {model.accumulate * k} (~{gib(peak - less)})"
-        if peak - less <= budget:
+        best = f"--grad-accum {model.accumulate * k} (~{gib(peak - less + extra)})"
+        if peak - less + extra <= budget:
             break
     if best:
         options.append(best)
@@ -470,7 +473,7 @@ def nearest_feasible(model: Model, row: dict, budget: float, n: int) -> str:
             model, shard_update=True).state_bytes(cand)
         options.append(f"weight-update sharding, --config.shard_optimizer_over_data=true "
                        f"(~{gib(peak - saved)})")
-    options.append(f"{2 * n} devices (state and activations split further)")
+    options.append(f"{2 * n} devices (~{gib(peak / 2)} if state and activations halve)")
     return (f"the lowest peak is {gib(peak)} ({row['mesh']} {row['layout']}); nearest "
             f"feasible: " + "; ".join(options))
 
