@@ -23,7 +23,10 @@ def command(workdir, steps, every):
             "--config.log_every_steps=1", f"--config.checkpoint_every_steps={every}",
             "--config.eval_every_steps=0", "--config.per_device_batch_size=4",
             "--config.max_length=32", "--config.data.vocab_size=300",
-            "--config.data.embedded_max_pairs=2000", f"--workdir={workdir}"]
+            "--config.data.embedded_max_pairs=2000", f"--workdir={workdir}",
+            # the shipped corpus alone (~2 s less per fresh run than reading this machine's
+            # gettext catalogues, which add no pair here; every run reads the same pairs)
+            f"--config.data.locale_dir={pathlib.Path(workdir).parent / 'no-catalogues'}"]
 
 
 def steps_logged(workdir) -> dict:
@@ -79,18 +82,29 @@ def test_sigterm_checkpoints_and_the_resumed_run_is_bitwise_the_uninterrupted_on
     assert steps_logged(tmp_path / "cut") == reference            # losses and batch hashes
 
 
+def kill_at_a_random_moment(proc, workdir, rng, most=3):
+    """SIGKILLs ``proc`` at a random moment of the next 0.6 s (saves run every step: kills land
+    mid-save), or once it has logged ``most`` more steps: however fast the machine, each
+    sitting ends a few steps after it started, far from the run's last step."""
+    end, cap = time.time() + rng.uniform(0.0, 0.6), rows(workdir) + most
+    while time.time() < end and rows(workdir) < cap:
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+
+
 def test_sigkill_at_random_moments_resumes_from_committed_checkpoints(tmp_path):
+    # 24 steps: the four killed sittings log at most ~5 steps each (a few here); the final
+    # sitting runs the rest, saving every step as the killed ones did (the same command).
     rng = random.Random(0)
     workdir = tmp_path / "run"
     resumed_from = []
-    proc = start_and_wait(workdir, 40, 1)
+    proc = start_and_wait(workdir, 24, 1)
     for kill in range(3):
-        time.sleep(rng.uniform(0.0, 0.6))          # saves run every step: kills land mid-save
-        proc.kill()
-        proc.wait()
+        kill_at_a_random_moment(proc, workdir, rng)
         before = committed(workdir)
         assert before, "at least one checkpoint should have committed"
-        proc = start_and_wait(workdir, 40, 1)
+        proc = start_and_wait(workdir, 24, 1)
         # It resumed from the newest checkpoint that had committed, not from a partial one.
         said = proc.stdout.readline()               # data: ..., then model ...: resuming
         said += proc.stdout.readline()
@@ -98,10 +112,10 @@ def test_sigkill_at_random_moments_resumes_from_committed_checkpoints(tmp_path):
         resumed_from.append(max(before))
     proc.kill()
     proc.wait()
-    final = run(workdir, 40, 1)
+    final = run(workdir, 24, 1)
     assert "resuming at step" in final.stdout
     assert not [p for p in (workdir / "checkpoints").iterdir() if not p.name.isdigit()]
-    assert max(committed(workdir)) == 40 and len(resumed_from) == 3
+    assert max(committed(workdir)) == 24 and len(resumed_from) == 3
 
 
 def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -115,6 +129,7 @@ def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoin
     config.log_every_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 2, 0
     config.per_device_batch_size, config.max_length = 1, 32
     config.data.vocab_size, config.data.embedded_max_pairs = 300, 2000
+    config.data.locale_dir = str(tmp_path / "no-catalogues")          # the shipped corpus alone
     loop.train(config, tmp_path, print_fn=lambda *_: None)          # good steps 1..4
     good = {p: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").rglob("*")}
     config.num_train_steps, config.learning_rate = 30, 1e9             # then a real blow-up
