@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from switchzoo import dry_run, inspector
-from switchzoo.layout import LayoutError, hardware, hlo, search
+from switchzoo.layout import LayoutError, command, hardware, hlo, search
 
 SHAPE = {"data": 2, "model": 2, "expert": 2}
 
@@ -136,7 +136,7 @@ def small(tmp_path_factory):
     import os
     before = os.environ.get("SWITCHZOO_CACHE")
     os.environ["SWITCHZOO_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    config = search.load_config("configs/lm1b.py")
+    config = command.load_config("configs/lm1b.py")
     config.model, config.max_length, config.per_device_batch_size = "switch_tiny", 32, 2
     config.dtype, config.remat, config.scan_layers = "float32", "none", False
     lines = []
@@ -188,7 +188,7 @@ def test_write_preset(small, tmp_path):
 
 
 def test_budget_no_layout_meets_names_the_nearest_feasible(capsys):
-    code = search.main(SMALL + ["--memory-gib", "0.0001"])
+    code = command.main(SMALL + ["--memory-gib", "0.0001"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0
     assert "no layout on 8 devices fits" in err and "16+ devices" in err
@@ -209,7 +209,7 @@ def test_bad_input_is_one_line(capsys, extra, message):
             args[args.index(flag) + 1] = value
         else:
             args += [flag, value]
-    code = search.main(args)
+    code = command.main(args)
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and message in err, err
 

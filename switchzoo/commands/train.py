@@ -68,11 +68,11 @@ def main(argv):
 
 
 def _search_layout(f) -> None:
-    from switchzoo.layout import search
+    from switchzoo.layout import command
     if not f.hardware:
         raise ValueError("--search_layout needs --hardware (tpu_v3, tpu_v4, tpu_v5e, a100, h100)")
     devices = f.devices or dry_run.devices_needed(f.config, None)   # default: the config mesh's
-    code = search.run_config(f.config, devices, f.hardware, f.memory_gib, "data,model,expert",
+    code = command.run_config(f.config, devices, f.hardware, f.memory_gib, "data,model,expert",
                              "", 6, True, False, f.write_layout, sys.argv)
     if code:
         sys.exit(code)

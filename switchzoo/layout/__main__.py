@@ -3,8 +3,8 @@ first, the layout search (switchzoo/layout/search.py)."""
 import sys
 
 if sys.argv[1:2] == ["search"]:
-    from switchzoo.layout import search
-    sys.exit(search.main())
+    from switchzoo.layout import command
+    sys.exit(command.main())
 
 from switchzoo import inspector
 

@@ -29,126 +29,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import itertools
 import json
 import math
 import os
 import pathlib
-import sys
 import time
 
 from switchzoo.layout import hardware, hlo
+from switchzoo.layout.candidates import (  # noqa: F401  (the search's vocabulary)
+    DIMS, HOME, MODEL_DIMS, Candidate, Sizes, enumerate_candidates, factorisations)
 from switchzoo.layout import LayoutError, DEFAULT_AXES, _NAME
 
 GIB = 2 ** 30
-DIMS = ("batch", "experts", "heads", "d_ff", "vocab")
-MODEL_DIMS = ("heads", "d_ff", "vocab")
-HOME = {"batch": "data", "experts": "expert", "heads": "model", "d_ff": "model",
-        "vocab": "model"}
-
-
-# ------------------------------------------------------------------------------ enumeration
-
-def factorisations(n: int, k: int):
-    """Every ordered k-tuple of positive integers whose product is n."""
-    if k == 1:
-        yield (n,)
-        return
-    for d in range(1, n + 1):
-        if n % d == 0:
-            for rest in factorisations(n // d, k - 1):
-                yield (d,) + rest
-
-
-def _subsets(axes):
-    return [c for r in range(len(axes) + 1) for c in itertools.combinations(axes, r)]
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    mesh: tuple[tuple[str, int], ...]           # (axis, size) in mesh order, sizes 1 included
-    rules: tuple[tuple[str, tuple[str, ...]], ...]
-
-    @property
-    def mesh_text(self) -> str:
-        return ",".join(f"{a}:{n}" for a, n in self.mesh)
-
-    @property
-    def layout_text(self) -> str:
-        return ",".join(f"{d}:{'+'.join(a)}" for d, a in self.rules if a)
-
-    def parts(self, dim: str) -> int:
-        sizes = dict(self.mesh)
-        return math.prod(sizes[a] for a in dict(self.rules).get(dim, ()))
-
-    def axes(self, dim: str) -> tuple[str, ...]:
-        return dict(self.rules).get(dim, ())
-
-    def key(self, ordered: bool = True) -> tuple:
-        """Name-free identity: per non-trivial axis, its size and its dims, in mesh order
-        (``ordered``: where the order decides which axes cross hosts) or sorted. Axes that
-        carry the same dimensions act as one axis of their product (neighbours, if ordered)."""
-        axes = [(n, tuple(sorted(d for d, axes in self.rules if a in axes)))
-                for a, n in self.mesh if n > 1]
-        merged: list[list] = []
-        for n, dims in (axes if ordered else sorted(axes, key=lambda x: x[1])):
-            if merged and merged[-1][1] == dims:
-                merged[-1][0] *= n
-            else:
-                merged.append([n, dims])
-        return tuple(sorted(map(tuple, merged)) if not ordered else map(tuple, merged))
-
-
-@dataclasses.dataclass
-class Sizes:
-    """The model's and the run's dimension sizes the enumeration checks."""
-    batch: int              # sequences per micro-batch
-    heads: int
-    d_ff: int
-    vocab: int
-    experts: int            # 0: dense
-
-    def of(self, dim: str) -> int:
-        return getattr(self, dim)
-
-
-def enumerate_candidates(n: int, axes: tuple[str, ...], sizes: Sizes,
-                         fixed: dict[str, int] | None = None, ordered: bool = True):
-    """(candidates, pruned counts by reason)."""
-    fixed = fixed or {}
-    dims = [d for d in DIMS if d != "experts" or sizes.experts]
-    pruned = {"indivisible": 0, "axis used twice in one tensor": 0, "unused mesh axis": 0,
-              "same as another up to axis names": 0}
-    best: dict[tuple, tuple[int, Candidate]] = {}
-    for shape in factorisations(n, len(axes)):
-        if any(shape[axes.index(a)] != s for a, s in fixed.items()):
-            continue
-        mesh = tuple(zip(axes, shape))
-        live = [a for a, s in mesh if s > 1]
-        sizes_of = dict(mesh)
-        options = _subsets(live)
-        for choice in itertools.product(options, repeat=len(dims)):
-            rules = dict(zip(dims, choice))
-            batch = set(rules["batch"])
-            if any(batch & set(rules[d]) for d in MODEL_DIMS) or (
-                    "experts" in rules and set(rules["experts"]) & set(rules["d_ff"])):
-                pruned["axis used twice in one tensor"] += 1
-                continue
-            if any(sizes.of(d) % math.prod(sizes_of[a] for a in rules[d]) for d in dims):
-                pruned["indivisible"] += 1
-                continue
-            if set(live) - set().union(*map(set, rules.values())):
-                pruned["unused mesh axis"] += 1
-                continue
-            cand = Candidate(mesh, tuple((d, rules[d]) for d in dims))
-            home = (sum(HOME[d] in rules[d] for d in dims), -len(live))   # usual names, fewer axes
-            k = cand.key(ordered)
-            if k in best:
-                pruned["same as another up to axis names"] += 1
-                if home <= best[k][0]:
-                    continue
-            best[k] = (home, cand)
-    return [c for _, c in best.values()], pruned
 
 
 # ------------------------------------------------------------------------- the analytic model
@@ -279,10 +171,12 @@ def cache_dir() -> pathlib.Path:
 @functools.cache
 def code_version() -> str:
     """sha1 of switchzoo's source: a cached compile is stale once the code changes (all of it
-    but the search and the cost model, which read the cached numbers afresh)."""
+    but the search, its candidates, its command line and the cost model, which read the cached
+    numbers afresh)."""
     root = pathlib.Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
-    skip = {pathlib.Path(__file__).resolve(), pathlib.Path(hardware.__file__).resolve()}
+    here = pathlib.Path(__file__).resolve().parent
+    skip = {here / f for f in ("search.py", "hardware.py", "candidates.py", "command.py")}
     for path in sorted(p for p in root.rglob("*.py") if p.resolve() not in skip):
         h.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
     return h.hexdigest()
@@ -549,154 +443,3 @@ def write_preset(name: str, result: dict, folder: pathlib.Path | None = None) ->
                     f"layout = {json.dumps(w['layout'])}\n")
     layout_lib.presets.cache_clear()
     return path
-
-
-# ------------------------------------------------------------------------------ command line
-
-def load_config(text: str):
-    """``configs/c4.py[:variant]`` (a clone's file, else the installed copy) -> ConfigDict."""
-    import importlib.util
-    from switchzoo import cli
-    path, _, variant = text.partition(":")
-    path = cli.config_path(path)
-    if not pathlib.Path(path).is_file():
-        raise LayoutError(f"--config {text}: no such file; give a run config such as "
-                          "configs/c4.py")
-    spec = importlib.util.spec_from_file_location("_search_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(variant or None)
-
-
-def parse_fixed(text: str, axes: tuple[str, ...]) -> dict[str, int]:
-    out = {}
-    for entry in filter(None, (e.strip() for e in text.split(","))):
-        axis, _, size = entry.partition(":")
-        if axis not in axes:
-            from switchzoo import registry
-            raise LayoutError(f"--fix {text}: unknown mesh axis '{axis}'"
-                              f"{registry.suggest(axis, axes)}; the axes are {','.join(axes)} "
-                              "(--axes)")
-        if not size.isdigit() or int(size) < 1:
-            raise LayoutError(f"--fix {text}: size of '{axis}' must be a positive integer")
-        out[axis] = int(size)
-    return out
-
-
-def parse_axes(text: str) -> tuple[str, ...]:
-    axes = tuple(a.strip() for a in text.split(",") if a.strip())
-    bad = [a for a in axes if not _NAME.match(a)]
-    if not axes or bad or len(set(axes)) != len(axes):
-        raise LayoutError(f"--axes {text!r}: give distinct axis names such as "
-                          "data,model,expert")
-    return axes
-
-
-def run_config(config, devices: int, profile: str, memory_gib: float | None, axes: str,
-               fix: str, top: int, cache: bool, as_json: bool, write: str | None,
-               argv: list[str], include=()) -> int:
-    """Checks the request, starts a process with ``devices`` simulated devices if this one
-    lacks them, and searches (the command line and train.py --search_layout share this)."""
-    from switchzoo import inspector
-    if devices is None or devices < 1:
-        raise LayoutError("--devices N: give the number of devices to lay the run out on")
-    prof = hardware.get(profile)
-    axes_t = parse_axes(axes)
-    fixed = parse_fixed(fix, axes_t)
-    if math.prod(fixed.values()) and devices % math.prod(fixed.values()):
-        raise LayoutError(f"--fix {fix}: the pinned sizes do not divide {devices} devices")
-    if write and not _NAME.match(write):
-        raise LayoutError(f"--write {write!r}: a preset name is letters, digits and '_'")
-    if memory_gib is not None and memory_gib <= 0:
-        raise LayoutError(f"--memory-gib {memory_gib}: give a positive budget per device")
-    for text in include:
-        parse_include(text, axes_t, devices)             # a bad one fails before compiling
-    if not inspector.use_cpu_devices(devices):
-        return inspector.rerun_on_devices([sys.executable, *argv], devices)
-    budget = (memory_gib * GIB) if memory_gib else prof.hbm_bytes
-    result = search(config, prof, budget, axes_t, fixed, top, cache,
-                    print_fn=(lambda *_: None) if as_json else print, include=include)
-    if write:
-        path = write_preset(write, result)
-        if not as_json:
-            print(f"wrote {path} (use --config.layout={write})")
-    if as_json:
-        print(json.dumps(result))
-    if not result["winner"]:
-        print(f"error: no compiled layout fits {budget / GIB:.1f} GiB per device; "
-              f"{result.get('advice')}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def main(argv=None) -> int:
-    import argparse
-    argv = sys.argv[2:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m switchzoo.layout search",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("--model", help="catalogue name (default: the config's)")
-    p.add_argument("--devices", type=int, required=True, help="devices to lay the run out on")
-    p.add_argument("--hardware", required=True,
-                   help=f"hardware profile: {', '.join(sorted(hardware.profiles()))}")
-    p.add_argument("--memory-gib", type=float, help="budget per device (default: the "
-                                                    "profile's memory)")
-    p.add_argument("--config", default="configs/c4.py",
-                   help="run config[:variant] for the task, batch and optimizer")
-    p.add_argument("--batch", type=int, help="global batch in sequences (default: the "
-                                             "config's per-device batch x devices)")
-    p.add_argument("--length", type=int, help="input length (default: the config's)")
-    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
-    p.add_argument("--remat", default="full", help="remat policy (default: full)")
-    p.add_argument("--no-scan", action="store_true", help="unroll the layers (slower compiles)")
-    p.add_argument("--optimizer", help="adafactor or adamw (default: the config's)")
-    p.add_argument("--grad-accum", type=int, help="micro-batches per step (default: the "
-                                                   "config's)")
-    p.add_argument("--group-size", type=int, help="tokens per routing group (default: the "
-                                                   "config's, else the catalogue's)")
-    p.add_argument("--axes", default=",".join(DEFAULT_AXES), help="mesh axes")
-    p.add_argument("--fix", default="", help="pin axis sizes, e.g. model:8")
-    p.add_argument("--top", type=int, default=6, help="candidates to compile")
-    p.add_argument("--include", action="append", default=[], metavar="MESH/LAYOUT",
-                   help="also compile and rank this one (repeatable), e.g. "
-                        "data:4,model:1,expert:8/dp_ep")
-    p.add_argument("--no-cache", action="store_true", help="recompile cached candidates")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--write", help="save the winner as layouts/NAME.toml")
-    p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
-    args = p.parse_args(argv)
-    try:
-        if args.batch is not None and (args.batch < 1 or args.batch % args.devices):
-            fits = [d for d in range(1, max(args.batch, 1) + 1) if args.batch % d == 0]
-            near = sorted(fits, key=lambda d: abs(d - args.devices))[:2]
-            raise LayoutError(
-                f"--batch {args.batch}: no mesh of {args.devices} devices splits "
-                f"{args.batch} sequences evenly (each device holds a whole number of them); "
-                f"give a positive multiple of --devices {args.devices} as --batch, or "
-                f"--devices {' or '.join(map(str, sorted(near)))}")
-        if args.top < 1:
-            raise LayoutError("--top: compile at least one candidate")
-        config = load_config(args.config)
-        if args.model:
-            from switchzoo import zoo
-            zoo.get(args.model)
-            config.model = args.model
-        config.dtype, config.remat, config.scan_layers = args.dtype, args.remat, not args.no_scan
-        if args.optimizer:
-            config.optimizer = args.optimizer
-        if args.length:
-            config.max_length = args.length
-        if args.batch:
-            config.per_device_batch_size = args.batch // args.devices
-        if args.grad_accum is not None:
-            config.grad_accum_steps = args.grad_accum
-        if args.group_size is not None:
-            config.moe.group_size = args.group_size
-        return run_config(config, args.devices, args.hardware, args.memory_gib, args.axes,
-                          args.fix, args.top, not args.no_cache, args.json, args.write,
-                          ["-m", "switchzoo.layout", "search", *argv], args.include)
-    except (ValueError, KeyError) as e:
-        if args.verbose:
-            raise
-        from switchzoo import cli
-        print(f"error: {cli.one_line(e)}", file=sys.stderr)
-        return 2
