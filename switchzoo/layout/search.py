@@ -290,7 +290,7 @@ def search(config, profile: hardware.Profile, budget_bytes: float,
              f"{budget_bytes / GIB:.1f} GiB per device, batch {model.batch} x "
              f"{'+'.join(map(str, model.lengths))} tokens, {cfg.dtype}, remat {cfg.remat}, "
              f"{config.optimizer}")
-    print_fn(f"enumerated {len(cands) + sum(pruned.values())} candidates in {enumerated:.1f} s: "
+    print_fn(f"enumerated {len(estimates) + sum(pruned.values())} candidates in {enumerated:.1f} s: "
              + ", ".join(f"{v} pruned ({k})" for k, v in pruned.items() if v)
              + f"; {len(estimates)} left, {len(fitting)} fit by the estimate; compiling "
                f"{len(chosen)}")
@@ -324,7 +324,7 @@ def search(config, profile: hardware.Profile, budget_bytes: float,
     result = {"model": config.model, "devices": n, "hardware": profile.key,
               "budget_bytes": budget_bytes, "batch": model.batch, "lengths": model.lengths,
               "dtype": cfg.dtype, "remat": cfg.remat, "optimizer": config.optimizer,
-              "enumerated": len(cands) + sum(pruned.values()), "pruned": pruned,
+              "enumerated": len(estimates) + sum(pruned.values()), "pruned": pruned,
               "estimated": len(estimates), "compiled": len(rows), "rows": rows,
               "winner": rows[0] if rows and rows[0]["fits"] else None, "advice": advice,
               "seconds": round(time.perf_counter() - start, 1)}
