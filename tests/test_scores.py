@@ -185,25 +185,29 @@ def test_check_ordering_on_the_mini_table(tmp_path):
     assert checks["Switch (top-1) beats top-2 MoE at capacity 1.0"]["holds"] is True
     assert checks["Switch (top-1) beats top-2 MoE at capacity 1.0"]["margin"] == pytest.approx(0.1)
     untested = tables.check_ordering("switch_table1_mini", [dense])
-    assert [c["holds"] for c in untested] == [None, None, None]
-    assert [c["margin"] for c in untested] == [None, None, None]
+    assert [c["holds"] for c in untested] == [None] * 4
+    assert [c["margin"] for c in untested] == [None] * 4
     text = tables.collect("switch_table1_mini", [dense] + sw)
     assert "| -1.731 |" in text and "| -1.561 |" in text        # the paper's rows beside ours
 
 
 def test_ordering_margins_take_the_smallest_gap_in_the_metric_direction(tmp_path):
     # Switch Table 1 mini, one seed per row: neg_log_perplexity = -loss, higher is better.
-    losses = {(1, 1.0): 2.3, (1, 1.25): 2.2, (1, 2.0): 2.4, (2, 1.0): 2.35, (2, 1.25): 2.1}
+    losses = {(1, 1.0): 2.3, (1, 1.25): 2.2, (1, 2.0): 2.4, (2, 1.0): 2.35, (2, 1.25): 2.1,
+              (2, 2.0): 2.45}
     runs = [_run(tmp_path, "dense", "dense_lm_cpu", 200, _results(200, 2.5))] + [
         _run(tmp_path, f"k{k}_cf{cf}", "switch_lm_cpu_8", 200, _results(200, loss), top_k=k,
              train_capacity_factor=cf) for (k, cf), loss in losses.items()]
-    sparse, cf1, cf125 = tables.check_ordering("switch_table1_mini", runs)
+    sparse, cf1, cf125, cf2 = tables.check_ordering("switch_table1_mini", runs)
     # the closest Switch (cf 2.0, loss 2.4) sets the margin over dense (2.5): +0.1, not +0.3
     assert (sparse["holds"], sparse["margin"]) == (True, pytest.approx(0.1))
     assert (cf1["holds"], cf1["margin"]) == (True, pytest.approx(0.05))
     assert (cf125["holds"], cf125["margin"]) == (False, pytest.approx(-0.1))
+    # at capacity 2.0 the paper's ordering turns round: top-2 (2.45) should beat top-1 (2.4)
+    assert cf2["claim"].startswith("top-2 MoE beats")
+    assert (cf2["holds"], cf2["margin"]) == (False, pytest.approx(-0.05))
     assert all(c["seed_spread"] is None and c["within_noise"] is None
-               for c in (sparse, cf1, cf125))
+               for c in (sparse, cf1, cf125, cf2))
     text = tables.collect("switch_table1_mini", runs)
     assert ("- [holds] Switch at every capacity factor reaches lower loss than dense at equal "
             "steps (margin +0.1; one seed per row; neg_log_perplexity: ") in text
