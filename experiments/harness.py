@@ -59,6 +59,8 @@ class Study:
     flags: Sequence[str] = ()          # every run's
     title: str = ""
     checkpoint_every: int | None = None    # None: eval_every
+    vocab: pathlib.Path | None = None  # a tokenizer.model every run reads (None: the first
+                                       # run trains one and the others read it)
     docs: pathlib.Path = ROOT / "docs"
 
     def get(self, name: str) -> Run:
@@ -101,7 +103,10 @@ def command(study: Study, run: Run, out: pathlib.Path, vocab: pathlib.Path | Non
 
 
 def vocabulary(study: Study, out: pathlib.Path, run: Run) -> pathlib.Path | None:
-    """The first run trains the vocabulary; the others read its tokenizer.model."""
+    """The study's vocabulary, else the first run trains one and the others read its
+    tokenizer.model."""
+    if study.vocab is not None:
+        return study.vocab
     first = study.runs[0]
     return None if run.name == first.name else out / first.name / "tokenizer.model"
 
@@ -129,7 +134,8 @@ def run(study: Study, out: pathlib.Path, only: Sequence[str] | None = None,
     first = study.runs[0]
     for r in study.runs:
         wanted = (not only or r.name in only
-                  or (r is first and not (out / r.name / "tokenizer.model").is_file()))
+                  or (r is first and study.vocab is None
+                      and not (out / r.name / "tokenizer.model").is_file()))
         if not wanted or finished(study, r, out):
             continue
         seconds.setdefault("commits", {})[r.name] = commit()      # the code it starts with

@@ -41,6 +41,9 @@ _LM_CPU = dict(vocab_size=4224, d_model=96, num_heads=4, d_kv=24, d_ff=384, num_
                relpos_max_distance=128)
 
 
+_SC_CPU = dict(_LM_CPU, num_layers=2, num_encoder_layers=2)
+
+
 def _lm_cpu_moe(experts: int, **layout) -> dict:
     return dict(num_experts=experts, top_k=1, group_size=256, train_capacity_factor=1.25,
                 eval_capacity_factor=2.0, min_capacity=4, jitter=0.01, aux_loss_weight=0.01,
@@ -204,6 +207,18 @@ MODELS.update({
         **_LM_CPU, moe=_lm_cpu_moe(8, sparse_every=1),
         source="switch_lm_cpu_8 with every FFN a Switch layer (as Switch-C and the nanoMOE "
                "reference), twice the expert parameters at the same FLOPs; not published",
+    ),
+    # the same question on span corruption (experiments/span_claims.py): an encoder-decoder
+    # of dense_lm_cpu's width, 2+2 layers (~518k non-embedding parameters, about the LM's 443k)
+    "switch_sc_cpu_8": dict(
+        **_SC_CPU, moe=_lm_cpu_moe(8, sparse_every=2, sparse_offset=1),
+        source="CPU-sized Switch encoder-decoder for span corruption on the claims study's "
+               "prose (experiments/span_claims.py): switch_lm_cpu_8's width, 2+2 layers, the "
+               "second FFN of each stack a Switch layer of 8 experts; not a published model",
+    ),
+    "dense_sc_cpu": dict(
+        **_SC_CPU,
+        source="FLOP-matched dense baseline of switch_sc_cpu_8 (not a published model)",
     ),
     "dense_lm_cpu": dict(
         **_LM_CPU,

@@ -2,6 +2,7 @@
 vocabulary the second reads), a second harness.run trains nothing, a longer run continues from
 its checkpoint, collect / write give the curves, the comparison with the baseline, the commit
 and the machine, and evaluate leaves the results.json that eval.py --table reads."""
+import dataclasses
 import json
 import pathlib
 import random
@@ -49,6 +50,10 @@ def test_two_runs_resume_collect_write_and_evaluate(tmp_path, monkeypatch):
     commands = []
     harness.run(s, out, log=commands.append)
     assert len(commands) == 2 and "vocab_path" in commands[1] and "vocab_path" not in commands[0]
+    shared = dataclasses.replace(s, vocab=out / "dense" / "tokenizer.model")   # a given one
+    for r in shared.runs:                                            # every run reads it
+        cmd = harness.command(shared, r, out, harness.vocabulary(shared, out, r))
+        assert cmd.count(f"--config.data.vocab_path={out / 'dense' / 'tokenizer.model'}") == 1
     for name in ("dense", "switch"):
         assert harness.finished(s, s.get(name), out)
         assert [r["step"] for r in harness.rows(out / name, "eval")] == [2, 4]

@@ -1,0 +1,115 @@
+"""Switch vs dense on the paper's own task: span corruption on lm_claims' prose, at its budget.
+
+    python experiments/span_claims.py --out runs/span --corpus runs/corpus \
+        --vocab runs/lm/dense/tokenizer.model                # ~1 h on 2 CPU cores; resumable
+    python experiments/span_claims.py ... --report
+
+experiments/lm_claims.py found Switch ahead of dense on a decoder-only LM at ~20 tokens per dense
+non-embedding parameter. This asks the same question of an encoder-decoder trained by T5's span
+corruption (noise 0.15, mean span 3: the Switch paper's pre-training task) on the same corpus and
+vocabulary, with the same recipe (configs/c4_cpu.py: configs/c4.py's Adafactor per expert, T5's
+rsqrt schedule, 0.1x truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
+
+    dense       dense_sc_cpu      d_model 96, 2+2 layers, ReLU FFN 384, tied; 518k non-embedding
+    switch_8    switch_sc_cpu_8   the second FFN of each stack a top-1 Switch layer, 8 experts
+    dense_s1, switch_8_s1         the same at seed 1 (initialisation and data order), for noise
+
+32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
+encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
+which ~2.2M are supervised targets. The loss is per target token (span corruption's), so it is not
+comparable with the LM's. Writes --out/<run>/, docs/span_claims.json, docs/figures/span_claims.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import harness  # noqa: E402
+import lm_claims  # noqa: E402
+from harness import Run  # noqa: E402
+
+RUNS = [
+    Run("dense", "dense_sc_cpu", baseline="dense"),
+    Run("switch_8", "switch_sc_cpu_8", baseline="dense"),
+    Run("dense_s1", "dense_sc_cpu", seed=1, baseline="dense_s1"),
+    Run("switch_8_s1", "switch_sc_cpu_8", seed=1, baseline="dense_s1"),
+]
+BATCH, INPUTS, TARGETS = 32, 128, 29
+
+
+def study(args) -> harness.Study:
+    corpus = pathlib.Path(args.corpus).resolve()
+    return harness.Study(
+        name=args.name, config="configs/c4_cpu.py", runs=RUNS, steps=args.steps,
+        eval_every=args.eval_every, title="Switch vs dense, span corruption on English prose",
+        vocab=None if args.vocab is None else args.vocab.resolve(),
+        flags=(f"--config.per_device_batch_size={BATCH}", "--config.data.source=files",
+               f"--config.data.train_files={corpus / 'train.txt'}",
+               f"--config.data.eval_files={corpus / 'eval.txt'}",
+               f"--config.warmup_steps={args.warmup}",
+               f"--config.data.max_eval_examples={args.eval_examples}"))
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    harness.plot_curves(result, path, {"span corruption: dense vs Switch-8, two seeds":
+                                       [r.name for r in RUNS]})
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=pathlib.Path, required=True)
+    p.add_argument("--corpus", type=pathlib.Path, required=True,
+                   help="python -m switchzoo.data.english --out CORPUS")
+    p.add_argument("--vocab", type=pathlib.Path, default=None,
+                   help="lm_claims' tokenizer.model (runs/lm/dense/tokenizer.model), so both "
+                        "studies read one vocabulary; without it the first run trains one")
+    p.add_argument("--runs", nargs="+", default=[r.name for r in RUNS],
+                   choices=[r.name for r in RUNS])
+    p.add_argument("--steps", type=int, default=2400)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=250)
+    p.add_argument("--eval-examples", type=int, default=2000)
+    p.add_argument("--name", default="span_claims", help="docs/NAME.json, docs/figures/NAME.png")
+    p.add_argument("--report", action="store_true", help="only collect what has run")
+    args = p.parse_args(argv)
+    if not (args.corpus / "train.txt").is_file():
+        print(f"error: no {args.corpus}/train.txt; build it with python -m switchzoo.data.english"
+              f" --out {args.corpus}", file=sys.stderr)
+        return 2
+    if args.vocab is not None and not args.vocab.is_file():
+        print(f"error: --vocab {args.vocab} is not a file; pass lm_claims' "
+              "runs/lm/dense/tokenizer.model, or leave --vocab out to train one",
+              file=sys.stderr)
+        return 2
+    s = study(args)
+    if not args.report:
+        harness.run(s, args.out, only=args.runs)
+    harness.evaluate(s, args.out)
+    tokenizer = s.vocab or args.out / RUNS[0].name / "tokenizer.model"
+    result = harness.collect(s, args.out, harness.command_line("span_claims.py", args),
+                             corpus=lm_claims.corpus_about(args.corpus, tokenizer))
+    dense = result["runs"].get("dense")
+    if dense:
+        from switchzoo import zoo
+        model = zoo.get("dense_sc_cpu")
+        non_embedding = dense["parameters"] - model.vocab_size * model.d_model
+        positions = dense["train_steps"] * BATCH * (INPUTS + TARGETS)
+        result["dense_non_embedding_parameters"] = non_embedding
+        result["encoder_decoder_positions_per_run"] = positions
+        result["positions_per_dense_non_embedding_parameter"] = round(positions / non_embedding,
+                                                                      1)
+        result["supervised_target_tokens_per_run"] = dense["tokens_seen"]
+    result["claims"] = lm_claims.claims(result)
+    harness.write(result, ROOT / "docs", plot)
+    print(lm_claims.markdown(result))
+    print(json.dumps(result["claims"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
