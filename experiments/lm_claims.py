@@ -159,22 +159,11 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| run | model | params | seed | tokens | final held-out loss | token ppl | vs "
-             "baseline | steps to baseline's final loss | max/mean expert load | tokens/s |",
-             "|" + "---|" * 11]
-    for name, r in result["runs"].items():
-        gap = r.get("eval_loss_minus_baseline")
-        frac = r.get("fraction_of_baseline_steps")
-        reach = ("—" if "steps_to_baseline_final_loss" not in r else "not reached"
-                 if frac is None else f"{r['steps_to_baseline_final_loss']} ({frac:.2f})")
-        lines.append(
-            f"| {name}{'' if r['finished'] else ' (unfinished)'} | {r['model']} | "
-            f"{r['parameters'] / 1e6:.2f}M | {r['seed']} | {r['tokens_seen'] / 1e6:.1f}M | "
-            f"{r['final_eval_loss']:.4f} | {r.get('final_token_perplexity', '')} | "
-            f"{'' if gap is None else f'{gap:+.4f}'} | {reach} | "
-            f"{r.get('max_over_mean_expert_load_eval') or '—'} | "
-            f"{round(r['tokens_per_sec']) if r.get('tokens_per_sec') else ''} |")
-    return "\n".join(lines)
+    c = harness.COLUMNS
+    return harness.markdown(result, [
+        c["run"], c["model"], c["params"], c["seed"], c["tokens"], c["loss"],
+        ("token ppl", lambda n, r: r.get("final_token_perplexity")), c["vs_baseline"],
+        c["reach"], c["load"], c["tokens_per_sec"]])
 
 
 def main(argv=None) -> int:

@@ -112,23 +112,18 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 
 def markdown(result: dict) -> str:
-    metric = result["table"]["metric"]
-    lines = [f"| run | model | params | tokens | final held-out loss | {metric} (eval.py) | vs the "
-             "rung below | steps to its final loss | s/step |", "|" + "---|" * 9]
-    for name, r in result["runs"].items():
-        gap = r.get("eval_loss_minus_baseline")
-        frac = r.get("fraction_of_baseline_steps")
-        reach = ("—" if "steps_to_baseline_final_loss" not in r else "not reached"
-                 if frac is None else f"{r['steps_to_baseline_final_loss']} ({frac:.2f})")
-        value = result["table"]["results"].get(name, {}).get(metric)
-        per_step = (r["seconds"] / r["steps"][-1]) if r.get("seconds") else None
-        lines.append(
-            f"| {name}{'' if r['finished'] else ' (unfinished)'} | {r['model']} | "
-            f"{r['parameters'] / 1e6:.2f}M | {r['tokens_seen'] / 1e6:.1f}M | "
-            f"{r['final_eval_loss']:.4f} | {'—' if value is None else f'{value:.4g}'} | "
-            f"{'' if gap is None else f'{gap:+.4f}'} | {reach} | "
-            f"{'' if per_step is None else f'{per_step:.2f}'} |")
-    return "\n".join(lines)
+    metric, c = result["table"]["metric"], harness.COLUMNS
+
+    def value(name, r):
+        v = result["table"]["results"].get(name, {}).get(metric)
+        return None if v is None else f"{v:.4g}"
+
+    def per_step(name, r):
+        return f"{r['seconds'] / r['steps'][-1]:.2f}" if r.get("seconds") else None
+    return harness.markdown(result, [
+        c["run"], c["model"], c["params"], c["tokens"], c["loss"],
+        (f"{metric} (eval.py)", value), ("vs the rung below", c["vs_baseline"][1]),
+        ("steps to its final loss", c["reach"][1]), ("s/step", per_step)])
 
 
 def main(argv=None) -> int:

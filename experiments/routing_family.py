@@ -227,16 +227,14 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| run | model | starts from | steps | eval neg. log perp. (↑) | eval accuracy | "
-             "train CE, last interval | max/mean load (train) | dropped (train) |",
-             "|" + "---|" * 9]
-    for name, r in result["runs"].items():
-        lines.append(f"| {name} | {r['model']} {' '.join(r['flags'])} | {r['starts_from'] or '—'}"
-                     f" | {r['train_steps']} | {-r['final_eval_loss']:.4f} | "
-                     f"{r['final_accuracy']} | {r['train_cross_entropy_last_interval']} | "
-                     f"{r.get('max_over_mean_expert_load_train') or '—'} | "
-                     f"{r.get('dropped_fraction_train') or '—'} |")
-    return "\n".join(lines)
+    c = harness.COLUMNS
+    return harness.markdown(result, [
+        c["run"], ("model", lambda n, r: " ".join([r["model"], *r["flags"]])),
+        ("starts from", lambda n, r: r["starts_from"]),
+        ("steps", lambda n, r: r["train_steps"]), c["neg_log_perp"], c["accuracy"],
+        c["train_ce"], ("max/mean load (train)", lambda n, r: r.get(
+            "max_over_mean_expert_load_train")),
+        ("dropped (train)", lambda n, r: r.get("dropped_fraction_train"))])
 
 
 def arguments(argv) -> argparse.Namespace:

@@ -117,21 +117,13 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 def markdown(result: dict) -> str:
     """The results as the Markdown table docs/experiments.md shows."""
-    lines = ["| run | model | eval neg. log perp. @ last step (↑) | vs its baseline | steps to "
-             "its baseline's final loss | eval accuracy | train CE, last interval | router "
-             "confidence per Switch layer | max/mean expert load (eval) |", "|" + "---|" * 9]
-    for name, r in result["runs"].items():
-        gap = r.get("eval_loss_minus_baseline")
-        reach = ("—" if "steps_to_baseline_final_loss" not in r else "not reached"
-                 if r["steps_to_baseline_final_loss"] is None else
-                 f"{r['steps_to_baseline_final_loss']} ({r['fraction_of_baseline_steps']})")
-        lines.append(
-            f"| {name}{'' if r['finished'] else ' (unfinished)'} | {r['model']} | "
-            f"{-r['final_eval_loss']:.4f} | {'—' if gap is None else f'{-gap:+.4f}'} | "
-            f"{reach} | {r['final_accuracy']} | {r['train_cross_entropy_last_interval']} | "
-            f"{r.get('router_confidence_train') or '—'} | "
-            f"{r.get('max_over_mean_expert_load_eval') or '—'} |")
-    return "\n".join(lines)
+    c = harness.COLUMNS
+    return harness.markdown(result, [
+        c["run"], c["model"], ("eval neg. log perp. @ last step (↑)", c["neg_log_perp"][1]),
+        ("vs its baseline", lambda n, r: harness.signed(r.get("eval_loss_minus_baseline"), -1)),
+        ("steps to its baseline's final loss", c["reach"][1]), c["accuracy"], c["train_ce"],
+        ("router confidence per Switch layer", lambda n, r: r.get("router_confidence_train")),
+        c["load"]])
 
 
 def main(argv=None) -> int:

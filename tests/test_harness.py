@@ -81,6 +81,12 @@ def test_two_runs_resume_collect_write_and_evaluate(tmp_path, monkeypatch):
     assert len(result["commit"]) == 40 and result["machine"]["devices"] >= 1
     assert switch["commit"] == result["commit"] and switch["seconds"] > 0
 
+    text = harness.markdown(result, [harness.COLUMNS[k] for k in ("run", "loss", "vs_baseline")])
+    header, rule, dense_row, switch_row = text.splitlines()
+    assert header == "| run | final held-out loss | vs baseline |" and rule == "|---|---|---|"
+    assert dense_row == f"| dense | {dense['final_eval_loss']:.4f} | — |"      # its own baseline
+    assert switch_row.endswith(f" | {switch['eval_loss_minus_baseline']:+.4f} |")
+
     path = harness.write(result, docs, harness.plot_curves)
     assert json.loads(path.read_text())["runs"]["switch"]["steps"] == [2, 4, 6]
     figure = docs / "figures" / "harness_smoke.png"
