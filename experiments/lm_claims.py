@@ -23,6 +23,8 @@ gap can be read against seed noise (switch_16_s1 and switch_32_s1 add second see
     top2_8        switch_lm_cpu_8, top-2  (Table 1's MoE-Base: twice the expert FLOPs)
     dense_wide    dense_lm_cpu_wide       switch_8's total parameters as dense FFNs (upper bound)
     *_cf1.0 / *_cf2.0                     Table 1's other capacity factors (top-1 and top-2)
+    dense_long, switch_8_long             dense and switch_8 continued to 4,800 steps (~3.1
+                                          epochs): the speed-up at twice the budget
 
 Writes --out/<run>/ (train.py workdirs; run again to continue), docs/lm_claims.json and
 docs/figures/lm_claims.png; ``eval.py --table=switch_table1_mini`` prints the mini Table 1.
@@ -32,7 +34,9 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import shutil
 import sys
+from typing import Callable
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
@@ -45,6 +49,20 @@ TOP2 = ("--config.moe.top_k=2",)
 
 def cf(x: float) -> tuple[str]:
     return (f"--config.moe.train_capacity_factor={x}",)
+
+
+def continues(source: str) -> Callable:
+    """A Run.before hook: the run starts as a copy of the finished run ``source`` (checkpoints,
+    curves) and trains on to its own steps. T5's rsqrt schedule and the data order do not depend
+    on the total steps and train.py resumes bitwise, so this is the longer run from scratch."""
+    def before(study: harness.Study, run: Run, out: pathlib.Path) -> list[str]:
+        if not (out / run.name).exists():
+            if not harness.finished(study, study.get(source), out):
+                raise SystemExit(f"error: {run.name} continues {source}, which has not "
+                                 f"finished: run --runs {source} first")
+            shutil.copytree(out / source, out / run.name)
+        return []
+    return before
 
 
 RUNS = [   # in the order they run: the headline pair first
@@ -62,6 +80,12 @@ RUNS = [   # in the order they run: the headline pair first
     Run("top2_8_cf1.0", "switch_lm_cpu_8", TOP2 + cf(1.0), baseline="dense"),
     Run("switch_8_cf2.0", "switch_lm_cpu_8", cf(2.0), baseline="dense"),
     Run("top2_8_cf2.0", "switch_lm_cpu_8", TOP2 + cf(2.0), baseline="dense"),
+    # twice the budget (4,800 steps, ~3.1 epochs): does a flatter dense curve let the same gain
+    # buy more steps? Each continues its 2,400-step run.
+    Run("dense_long", "dense_lm_cpu", steps=4800, baseline="dense_long",
+        before=continues("dense"), starts_from="continues:dense"),
+    Run("switch_8_long", "switch_lm_cpu_8", steps=4800, baseline="dense_long",
+        before=continues("switch_8"), starts_from="continues:switch_8"),
     # second seeds for Figure 4's last two rungs (their margins were within 2x the seed spread)
     Run("switch_16_s1", "switch_lm_cpu_16", seed=1, baseline="dense_s1"),
     Run("switch_32_s1", "switch_lm_cpu_32", seed=1, baseline="dense_s1"),
@@ -128,6 +152,15 @@ def claims(result: dict) -> dict:
             "gap_per_seed": [round(g, 4) for g in gaps], "mean_gap": round(mean_gap, 4),
             "seed_spread": noise,
             "holds": None if noise is None else mean_gap > 2 * noise}
+    if "dense_long" in runs and "switch_8_long" in runs:
+        long = runs["switch_8_long"]
+        out["switch_8_speedup_long"] = {
+            "goal": "at 4,800 steps, switch_8 reaches dense's final held-out loss in <= 2/3 of "
+                    "dense's steps (one seed)",
+            "fraction_of_dense_steps": long["fraction_of_baseline_steps"],
+            "gap": round(runs["dense_long"]["final_eval_loss"] - long["final_eval_loss"], 4),
+            "holds": (long["fraction_of_baseline_steps"] is not None
+                      and long["fraction_of_baseline_steps"] <= 2 / 3)}
     series = [n for n in ("dense", "switch_8", "switch_16", "switch_32") if n in runs]
     if len(series) >= 3:
         def mean(n):       # over the seeds run for this rung (the seed-1 run, where finished)
@@ -155,7 +188,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
                                                         "switch_8_every"],
         "seeds and capacity factors": ["dense", "dense_s1", "switch_8", "switch_8_s1",
                                        "switch_8_cf1.0", "switch_8_cf2.0", "top2_8_cf1.0",
-                                       "top2_8_cf2.0"]})
+                                       "top2_8_cf2.0"],
+        "twice the budget (continued)": ["dense_long", "switch_8_long"]})
 
 
 def markdown(result: dict) -> str:
