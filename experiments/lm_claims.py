@@ -200,22 +200,33 @@ def markdown(result: dict) -> str:
         c["reach"], c["load"], c["tokens_per_sec"]])
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(p: argparse.ArgumentParser, name: str, runs: list[Run], default: list[str]):
+    """The flags the claims studies (this and span_claims.py) share."""
     p.add_argument("--out", type=pathlib.Path, required=True)
     p.add_argument("--corpus", type=pathlib.Path, required=True,
                    help="python -m switchzoo.data.english --out CORPUS")
-    p.add_argument("--runs", nargs="+", default=MAIN, choices=[r.name for r in RUNS])
+    p.add_argument("--runs", nargs="+", default=default, choices=[r.name for r in runs])
     p.add_argument("--steps", type=int, default=2400)
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--warmup", type=int, default=250)
     p.add_argument("--eval-examples", type=int, default=2000)
-    p.add_argument("--name", default="lm_claims", help="docs/NAME.json, docs/figures/NAME.png")
+    p.add_argument("--name", default=name, help="docs/NAME.json, docs/figures/NAME.png")
     p.add_argument("--report", action="store_true", help="only collect what has run")
+
+
+def missing_corpus(corpus: pathlib.Path) -> bool:
+    if (corpus / "train.txt").is_file():
+        return False
+    print(f"error: no {corpus}/train.txt; build it with python -m switchzoo.data.english "
+          f"--out {corpus}", file=sys.stderr)
+    return True
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    arguments(p, "lm_claims", RUNS, MAIN)
     args = p.parse_args(argv)
-    if not (args.corpus / "train.txt").is_file():
-        print(f"error: no {args.corpus}/train.txt; build it with python -m switchzoo.data.english"
-              f" --out {args.corpus}", file=sys.stderr)
+    if missing_corpus(args.corpus):
         return 2
     s = study(args)
     if not args.report:

@@ -62,24 +62,12 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=pathlib.Path, required=True)
-    p.add_argument("--corpus", type=pathlib.Path, required=True,
-                   help="python -m switchzoo.data.english --out CORPUS")
+    lm_claims.arguments(p, "span_claims", RUNS, [r.name for r in RUNS])
     p.add_argument("--vocab", type=pathlib.Path, default=None,
                    help="lm_claims' tokenizer.model (runs/lm/dense/tokenizer.model), so both "
                         "studies read one vocabulary; without it the first run trains one")
-    p.add_argument("--runs", nargs="+", default=[r.name for r in RUNS],
-                   choices=[r.name for r in RUNS])
-    p.add_argument("--steps", type=int, default=2400)
-    p.add_argument("--eval-every", type=int, default=200)
-    p.add_argument("--warmup", type=int, default=250)
-    p.add_argument("--eval-examples", type=int, default=2000)
-    p.add_argument("--name", default="span_claims", help="docs/NAME.json, docs/figures/NAME.png")
-    p.add_argument("--report", action="store_true", help="only collect what has run")
     args = p.parse_args(argv)
-    if not (args.corpus / "train.txt").is_file():
-        print(f"error: no {args.corpus}/train.txt; build it with python -m switchzoo.data.english"
-              f" --out {args.corpus}", file=sys.stderr)
+    if lm_claims.missing_corpus(args.corpus):
         return 2
     if args.vocab is not None and not args.vocab.is_file():
         print(f"error: --vocab {args.vocab} is not a file; pass lm_claims' "
