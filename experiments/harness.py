@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import machine  # noqa: E402
-from switchzoo import zoo  # noqa: E402
+from switchzoo import atomic, zoo  # noqa: E402
 
 ROUTING = ("router_confidence", "router_entropy", "router_logit_std")
 
@@ -130,7 +130,6 @@ def run(study: Study, out: pathlib.Path, only: Sequence[str] | None = None,
     """Trains every unfinished run of ``study`` (or of ``only``; and the first run while the
     vocabulary the others read is not there) into out/<run>, in order; its ``before`` first."""
     out.mkdir(parents=True, exist_ok=True)
-    seconds = _seconds(out)
     first = study.runs[0]
     for r in study.runs:
         wanted = (not only or r.name in only
@@ -138,11 +137,14 @@ def run(study: Study, out: pathlib.Path, only: Sequence[str] | None = None,
                       and not (out / r.name / "tokenizer.model").is_file()))
         if not wanted or finished(study, r, out):
             continue
-        seconds.setdefault("commits", {})[r.name] = commit()      # the code it starts with
-        start = time.time()
+        code, start = commit(), time.time()                        # the code it starts with
         train(study, r, out, r.before(study, r, out) if r.before else (), log)
+        # read again after the run: another invocation on other runs of this out may have
+        # written the record meanwhile (a study split over processes), and keeps its entries
+        seconds = _seconds(out)
+        seconds.setdefault("commits", {})[r.name] = code
         seconds[r.name] = round(seconds.get(r.name, 0) + time.time() - start, 1)
-        (out / "seconds.json").write_text(json.dumps(seconds))
+        atomic.write_text(out / "seconds.json", json.dumps(seconds))
 
 
 def evaluate(study: Study, out: pathlib.Path, log=print) -> None:

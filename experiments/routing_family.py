@@ -218,8 +218,11 @@ PANELS = {"(a) routers at capacity factor 1.25": ["top1", "top2", "ec", "ec_cf2"
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    """One panel per question; the continued runs drawn from the dense run's step they start at."""
-    harness.plot_curves(result, path, PANELS,
+    """One panel per question the study asked (two or more of its runs ran); the continued runs
+    drawn from the dense run's step they start at."""
+    panels = {title: names for title, names in PANELS.items()       # questions the study ran
+              if sum(n in result["runs"] for n in names) > 1}
+    harness.plot_curves(result, path, panels,
                         ylabel="held-out loss (nats per target token, lower is better)",
                         offsets={n: result["steps"] // 2 for n, r in result["runs"].items()
                                  if r["starts_from"] in CONTINUED},

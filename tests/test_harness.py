@@ -100,3 +100,24 @@ def test_two_runs_resume_collect_write_and_evaluate(tmp_path, monkeypatch):
     assert results["step"] == 6 and not (out / "dense" / "results.json").exists()
     harness.evaluate(longer, out, log=commands.append)               # up to date: a no-op
     assert len(commands) == 4
+
+
+def test_the_run_record_keeps_what_another_process_wrote_meanwhile(tmp_path, monkeypatch):
+    """A study split over two processes on one out (as routing_family --runs a / --runs b):
+    each run's seconds and commit survive the other process's write during the run."""
+    s = harness.Study(name="record", config="configs/mini.py", steps=2, eval_every=1,
+                      runs=[harness.Run("a", "dense_tiny"), harness.Run("b", "dense_tiny")],
+                      vocab=tmp_path / "given.model")
+
+    def fake_train(study, run, out, flags=(), log=print):     # the other process finishes b
+        other = harness._seconds(out)
+        other.setdefault("commits", {})["b"] = "other-commit"
+        other["b"] = 12.5
+        (out / "seconds.json").write_text(json.dumps(other))
+
+    monkeypatch.setattr(harness, "train", fake_train)
+    monkeypatch.setattr(harness, "commit", lambda: "this-commit")
+    harness.run(s, tmp_path, only=["a"])
+    record = json.loads((tmp_path / "seconds.json").read_text())
+    assert record["commits"] == {"a": "this-commit", "b": "other-commit"}
+    assert record["b"] == 12.5 and record["a"] >= 0
