@@ -94,7 +94,8 @@ class Step:
     on a random batch (or ``host_batch``): compile time, best step time, cost and memory analysis."""
 
     def __init__(self, cfg, mesh: str, layout: str, batch: int, length: int, devices=None,
-                 optimizer: str = "adamw", host_batch: dict | None = None, compiles: int = 1):
+                 optimizer: str = "adamw", host_batch: dict | None = None, compiles: int = 1,
+                 loss_chunk: int = 0):
         import jax
         import numpy as np
 
@@ -103,7 +104,7 @@ class Step:
         self.cfg, self.batch, self.length = cfg, batch, length
         setup = state_lib.setup(cfg, layout, mesh, devices=devices, optimizer=optimizer)
         self.layout, self.state = setup.layout, setup.init()
-        step = steps.make_train_step(setup)
+        step = steps.make_train_step(setup, loss_chunk=loss_chunk)
         rng = np.random.default_rng(0)
         ids = lambda: rng.integers(2, cfg.vocab_size, (batch, length), dtype=np.int32)  # noqa
         host = host_batch or {"inputs": ids(), "targets": ids(),

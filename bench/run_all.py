@@ -22,6 +22,7 @@ BENCHES = {
                                      "--host-seconds", "1", "--hosts", "1,256"]),
     "peer": ("peer_series.py", [], ["--runs", "1", "--", "--quick"]),
     "decode": ("decode.py", [], ["--new", "16"]),
+    "input_overlap": ("input_overlap.py", [], ["--quick"]),
     "pod": ("pod.py", [], ["--cases", "switch_tiny:8", "--length", "32"]),
 }
 

@@ -2,7 +2,8 @@
 
   * MoE overhead: Switch (8 experts, every other FFN sparse, capacity factor 1.25) step time
     / the FLOP-matched dense model's, on 1 device and on 8 under expert parallelism, for the
-    einsum and the dropless dispatch. Goal <= 1.15.
+    index dispatch (the default), the one-hot einsum and the dropless dispatch. Goal <= 1.15
+    (issue 32: <= 1.05 for the index dispatch).
   * Against the machine: achieved FLOP/s of the dense and Switch steps (FLOPs from XLA's cost
     analysis, checked against the hand count 3 x zoo.flops_per_token x tokens) / the FLOP/s of
     one large float32 matmul measured in the same run. Goal >= 0.70.
@@ -47,15 +48,18 @@ def main():
 
     from switchzoo import zoo
     dense, switch = configs(args)
-    dropless = dataclasses.replace(switch, moe=dataclasses.replace(switch.moe,
-                                                                   dispatch="dropless"))
+    def dispatch(name):
+        return dataclasses.replace(switch, moe=dataclasses.replace(switch.moe, dispatch=name))
+    index, einsum, dropless = dispatch("index"), dispatch("einsum"), dispatch("dropless")
     one = jax.devices()[:1]
     cases = {   # name: (config, mesh, layout, devices)
         "dense_1": (dense, "data:1", "data_parallel", one),
-        "switch_einsum_1": (switch, "data:1", "data_parallel", one),
+        "switch_index_1": (index, "data:1", "data_parallel", one),
+        "switch_einsum_1": (einsum, "data:1", "data_parallel", one),
         "switch_dropless_1": (dropless, "data:1", "data_parallel", one),
         "dense_8": (dense, "expert:8", "expert_parallel", None),
-        "switch_einsum_8": (switch, "expert:8", "expert_parallel", None),
+        "switch_index_8": (index, "expert:8", "expert_parallel", None),
+        "switch_einsum_8": (einsum, "expert:8", "expert_parallel", None),
         "switch_dropless_8": (dropless, "expert:8", "expert_parallel", None),
     }
     peak = matmul_peak(2048)
@@ -87,14 +91,16 @@ def main():
         return round(results[a][key] / results[b][key], 3)
 
     goals = {
+        "moe_overhead_1_device_index": (ratio("switch_index_1", "dense_1"), "<=", 1.05),
         "moe_overhead_1_device_einsum": (ratio("switch_einsum_1", "dense_1"), "<=", 1.15),
         "moe_overhead_1_device_dropless": (ratio("switch_dropless_1", "dense_1"), "<=", 1.15),
+        "moe_overhead_8_devices_index": (ratio("switch_index_8", "dense_8"), "<=", 1.05),
         "moe_overhead_8_devices_einsum": (ratio("switch_einsum_8", "dense_8"), "<=", 1.15),
         "moe_overhead_8_devices_dropless": (ratio("switch_dropless_8", "dense_8"), "<=", 1.15),
         "flops_fraction_of_peak_dense_1": (
             round(results["dense_1"]["achieved_flops_per_s"] / peak, 3), ">=", 0.70),
         "flops_fraction_of_peak_switch_1": (
-            round(results["switch_einsum_1"]["achieved_flops_per_s"] / peak, 3), ">=", 0.70),
+            round(results["switch_index_1"]["achieved_flops_per_s"] / peak, 3), ">=", 0.70),
         "compile_8_over_1_devices_einsum": (
             ratio("switch_einsum_8", "switch_einsum_1", "compile_s"), "<=", 1.5),
         "compile_8_over_1_devices_dropless": (

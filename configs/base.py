@@ -29,10 +29,16 @@ def get_base() -> ml_collections.ConfigDict:
     c.weight_decay = 0.0
     c.router_learning_rate_scale = 1.0    # multiplies the routers' updates (off: 1.0)
     c.label_smoothing = 0.0
+    c.loss_chunk = 8192                   # tokens per chunk (per device) of the train loss's
+                                          # logits, never held whole (switchzoo.loss); 0: the
+                                          # full logits
     c.dropout = 0.1
     c.dtype = "float32"                   # activations; "bfloat16" keeps params and router f32
     c.scan_layers = False                 # scan each stack's repeating (dense, sparse) group
-    c.remat = "none"                      # rematerialise each block: none | full | dots
+    c.remat = "none"                      # rematerialise each block: none | full | dots |
+                                          # minimal (keep projections and attention context)
+    c.attention = "auto"                  # auto | reference | xla | cudnn (auto: cuDNN's
+                                          # fused kernel on a GPU in bfloat16, else reference)
     c.shard_optimizer_over_data = False   # weight-update sharding (arXiv 2004.13336)
     c.init_scale = config_dict.placeholder(float)   # init of the weight matrices the run makes
     c.init_distribution = config_dict.placeholder(str)  # (None: the model's; Switch: 0.1,
@@ -47,7 +53,7 @@ def get_base() -> ml_collections.ConfigDict:
     c.moe.train_capacity_factor = config_dict.placeholder(float)
     c.moe.eval_capacity_factor = config_dict.placeholder(float)
     c.moe.group_size = config_dict.placeholder(int)
-    c.moe.dispatch = config_dict.placeholder(str)         # "einsum" | "dropless"
+    c.moe.dispatch = config_dict.placeholder(str)  # "auto" | "index" | "einsum" | "dropless"
     c.moe.grouped_matmul = config_dict.placeholder(str)   # dropless: auto | blocks | ragged_dot
     c.moe.block_size = config_dict.placeholder(int)
     c.moe.aux_loss_weight = config_dict.placeholder(float)  # load-balancing loss (Switch: 0.01)

@@ -5,8 +5,12 @@ import dataclasses
 import math
 
 # Rematerialisation of each block (and of each scanned group of blocks) in the backward pass,
-# named after the jax.checkpoint policy each stands for (switchzoo.transformer.REMAT_POLICIES).
-REMAT = ("none", "full", "dots")
+# named after the jax.checkpoint policy each stands for (switchzoo.transformer.REMAT_POLICIES):
+# "minimal" keeps the projections and the attention context, MaxText's minimal_with_context.
+REMAT = ("none", "full", "dots", "minimal")
+# How attention runs (switchzoo.layers.attention_impl decides "auto" once per run): the
+# reference einsums, jax.nn.dot_product_attention's XLA or cuDNN (fused) implementation.
+ATTENTION = ("auto", "reference", "xla", "cudnn")
 ROUTERS = ("tokens_choose", "experts_choose")
 BALANCE = ("aux_loss", "bias")
 # How a model's routing losses combine over its Switch layers: "sum" (Mesh-TensorFlow, in
@@ -39,10 +43,12 @@ class MoeConfig:
     sparse_offset: int = -1
     sparse_layers: tuple[int, ...] | None = None           # decoder (or decoder-only) stack
     encoder_sparse_layers: tuple[int, ...] | None = None   # encoder stack
-    # How tokens reach their experts: "einsum" (one-hot dispatch/combine into capacity slots,
-    # tokens past capacity dropped), "dropless" (sorted by expert, grouped matmul, nothing
-    # dropped; capacity factors unused; switchzoo/dropless.py), or "auto": einsum, except
-    # dropless where the capacity holds every token of a group (the same sum, less work).
+    # How tokens reach their experts: "index" (each capacity slot gathers its token, each token
+    # gathers its slots' outputs; tokens past capacity dropped), "einsum" (the same routing by
+    # one-hot dispatch/combine masks: 2 N C E D flops per group each way, the oracle),
+    # "dropless" (sorted by expert, grouped matmul, nothing dropped; capacity factors unused;
+    # switchzoo/dropless.py), or "auto": index, except dropless where the capacity holds every
+    # token of a group (the same sum, less work).
     dispatch: str = "auto"
     grouped_matmul: str = "auto"         # dropless: "auto" | "blocks" | "ragged_dot"
     block_size: int = 128                # dropless "blocks": rows per block
@@ -53,7 +59,7 @@ class MoeConfig:
     # noncausal_decoder (training and perplexity). Generation with such a decoder runs (a
     # cached step routes the batch's new tokens as one group, every expert taking up to all of
     # them) but is not meaningful: training let each token's routing see later tokens.
-    # Experts-choose always dispatches by einsum into capacity slots (not dropless).
+    # Experts-choose always dispatches into capacity slots (index or einsum; not dropless).
     router: str = "tokens_choose"
     noncausal_decoder: bool = False
     # Load balancing: "aux_loss" (Switch eq. 4, weight aux_loss_weight) or "bias" (DeepSeek-V3:
@@ -75,9 +81,10 @@ class MoeConfig:
         if min(self.train_capacity_factor, self.eval_capacity_factor) <= 0:
             raise ValueError("moe capacity factors must be positive (e.g. 1.25 for training, "
                              "2.0 for evaluation)")
-        if self.dispatch not in ("auto", "einsum", "dropless"):
-            raise ValueError(f"moe.dispatch={self.dispatch!r}: use 'einsum' (capacity slots), "
-                             "'dropless' (sorted, grouped matmul) or 'auto'")
+        if self.dispatch not in ("auto", "einsum", "dropless", "index"):
+            raise ValueError(f"moe.dispatch={self.dispatch!r}: use 'index' (capacity slots, "
+                             "gathered), 'einsum' (capacity slots, one-hot masks), 'dropless' "
+                             "(sorted, grouped matmul) or 'auto'")
         if self.grouped_matmul not in ("auto", "blocks", "ragged_dot") or self.block_size < 1:
             raise ValueError(f"moe.grouped_matmul={self.grouped_matmul!r} / block_size="
                              f"{self.block_size}: use 'auto', 'blocks' or 'ragged_dot' and a "
@@ -94,8 +101,9 @@ class MoeConfig:
                              "router='tokens_choose'")
         if self.router == "experts_choose" and self.dispatch == "dropless":
             raise ValueError("moe.dispatch='dropless' with moe.router='experts_choose': each "
-                             "expert fills its capacity slots, which only the einsum dispatch "
-                             "has; use moe.dispatch='einsum' (or 'auto') or router='tokens_choose'")
+                             "expert fills its capacity slots, which only the index and einsum "
+                             "dispatches have; use moe.dispatch='index' (or 'auto') or "
+                             "router='tokens_choose'")
         if self.loss_reduction not in LOSS_REDUCTIONS:
             raise ValueError(f"moe.loss_reduction={self.loss_reduction!r}: use 'sum' (over "
                              "Switch layers, Mesh-TensorFlow and the Switch paper) or 'mean' "
@@ -170,6 +178,9 @@ class ModelConfig:
     # and program size stay flat in depth (transformer.stack_layers converts a checkpoint).
     scan_layers: bool = False
     remat: str = "none"                  # one of REMAT
+    # attention: one of ATTENTION; "auto" is cuDNN's fused kernel on a GPU with bfloat16/float16
+    # activations, else the reference einsums (layers.attention_impl says which and why).
+    attention: str = "auto"
 
     def __post_init__(self):
         if self.activation not in ("relu", "gated-gelu"):
@@ -182,6 +193,9 @@ class ModelConfig:
         if self.remat not in REMAT:
             raise ValueError(f"remat={self.remat!r} is not a rematerialisation policy; use one "
                              f"of {', '.join(REMAT)}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention={self.attention!r} is not an attention implementation; "
+                             f"use one of {', '.join(ATTENTION)}")
         if (self.moe is not None and self.moe.router == "experts_choose"
                 and not self.is_encoder_decoder and not self.moe.noncausal_decoder):
             raise ValueError("moe.router='experts_choose' in a decoder-only model: experts-choose "

@@ -22,6 +22,9 @@ VOCABULARY: dict[str, tuple[str, str]] = {
     "picks": ("P", "experts picked per token (the k of top-k routing)"),
     "assignments": ("A", "(token, picked expert) pairs of dropless dispatch"),
     "beams": ("W", "hypotheses kept per example in beam search (its width)"),
+    "slots": ("Q", "expert capacity slots of a group, all experts' together (E x C): what an "
+                   "index dispatch gathers from and into"),
+    "chunks": ("J", "runs of positions the train loss makes logits for one at a time"),
     "layers": ("Z", "layers of a scanned stack: the leading dim of its stacked parameters "
                     "(never sharded: the scan runs every layer on every device)"),
 }

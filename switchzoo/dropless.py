@@ -2,11 +2,12 @@
 its tokens, un-sort. No capacity, so no token is dropped and no slot is padding.
 
 The grouped computation is either ``lax.ragged_dot`` (efficient where the backend has a
-grouped-matmul kernel: GPU, TPU) or a block-sparse matmul (MegaBlocks-style): each expert's
-rows are padded to a multiple of ``block`` rows and a loop runs one [block, D] x [D, F] matmul
-per non-empty block, so the work is the real tokens plus at most ``block - 1`` rows per expert.
-On CPU ``ragged_dot`` computes every group against every row (E times the work); the block
-loop does not.
+grouped-matmul kernel) or a block-sparse matmul (MegaBlocks-style): each expert's rows are
+padded to a multiple of ``block`` rows and a loop runs one [block, D] x [D, F] matmul per
+non-empty block, so the work is the real tokens plus at most ``block - 1`` rows per expert.
+On CPU (and on GPU without a grouped-GEMM lowering) ``ragged_dot`` computes every group
+against every row (E times the work); the block loop does not. "auto" tells the two apart by
+the compiled FLOPs of a ragged_dot of the layer's shape (``resolve``).
 
 Under a layout that splits the experts over mesh axes the layer runs per device in
 ``shard_map``: tokens split over the same axes go to the device holding their expert with one
@@ -32,11 +33,53 @@ from switchzoo.layers import dropout, mlp
 from switchzoo.layout import Layout, LayoutError, spec_axes
 
 
-def resolve(impl: str) -> str:
-    """"auto": ragged_dot where the backend has a grouped-matmul kernel, else blocks."""
-    if impl == "auto":
+# "auto" takes ragged_dot when its compiled FLOPs are within this factor of the real ones.
+RAGGED_DOT_SLACK = 1.5
+
+
+@functools.lru_cache(maxsize=None)
+def _ragged_dot_flops(backend: str, rows: int, d_in: int, d_out: int, experts: int,
+                      dtype: str) -> float | None:
+    """XLA's FLOP count of one compiled ``lax.ragged_dot`` [rows, d_in] x [experts, d_in,
+    d_out] on ``backend`` (abstract inputs: nothing is allocated or run); None where the
+    backend gives no count."""
+    x = jax.ShapeDtypeStruct((rows, d_in), dtype)
+    w = jax.ShapeDtypeStruct((experts, d_in, d_out), dtype)
+    sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
+    try:
+        compiled = jax.jit(jax.lax.ragged_dot).lower(x, w, sizes).compile()
+        cost = compiled.cost_analysis()
+    except Exception:            # noqa: BLE001 -- a backend without the op or the analysis
+        return None
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = (cost or {}).get("flops")
+    return float(flops) if flops else None
+
+
+def ragged_dot_cost(rows: int, d_in: int, d_out: int, experts: int,
+                    dtype="float32") -> float | None:
+    """Compiled FLOPs of ragged_dot at this shape / the real grouped matmul's 2 x rows x d_in x
+    d_out, on the default backend: ~1 where it has a grouped-matmul lowering, ~``experts``
+    where XLA expands it into a dense dot per group (XLA:CPU; XLA:GPU without a grouped GEMM).
+    Compiled once per (backend, shape, dtype); None where the backend reports no FLOPs."""
+    flops = _ragged_dot_flops(jax.default_backend(), rows, d_in, d_out, experts,
+                              jnp.dtype(dtype).name)
+    return None if flops is None else flops / (2.0 * rows * d_in * d_out)
+
+
+def resolve(impl: str, rows: int | None = None, d_in: int | None = None,
+            d_out: int | None = None, experts: int | None = None, dtype="float32") -> str:
+    """"auto": ragged_dot where its compiled program does the real tokens' work (within
+    RAGGED_DOT_SLACK of it), else blocks. Decided by compiling a ragged_dot of the layer's
+    shape (ragged_dot_cost; at trace time, cached), since a backend name does not say: XLA:GPU
+    expands ragged_dot into a dense dot over every group unless it has a grouped-GEMM lowering.
+    Without a shape, or where the backend reports no FLOPs: ragged_dot on GPU and TPU."""
+    if impl != "auto":
+        return impl
+    ratio = None if rows is None else ragged_dot_cost(rows, d_in, d_out, experts, dtype)
+    if ratio is None:
         return "ragged_dot" if jax.default_backend() in ("gpu", "tpu") else "blocks"
-    return impl
+    return "ragged_dot" if ratio <= RAGGED_DOT_SLACK else "blocks"
 
 
 # ------------------------------------------------------------- block-sparse grouped matmul
@@ -104,6 +147,8 @@ def run_experts(x_AD, expert_A, w: dict, impl: str = "blocks", block: int = 128,
     expert id >= E get zero."""
     E = w["wo"].shape[0]
     A, D = x_AD.shape
+    first = w["wi" if "wi" in w else "wi_0"]
+    impl = resolve(impl, A, D, first.shape[-1], E, x_AD.dtype)
     order_A = jnp.argsort(expert_A, stable=True)
     expert_sorted_A = expert_A[order_A]
     counts_E = jnp.bincount(jnp.minimum(expert_A, E), length=E + 1)[:E].astype(jnp.int32)
@@ -234,7 +279,7 @@ def layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: dict, num_experts: int,
     """y_BLD = sum over picks of gate * expert(x), every pick served; expert dropout at ``rate``
     with ``rng``. ``w``: the expert weights (layers.ffn_weights). ``layout`` None (or a
     one-device mesh): computed in place; else per device under shard_map."""
-    kw = dict(num_experts=num_experts, impl=resolve(impl), block=block, rate=rate)
+    kw = dict(num_experts=num_experts, impl=impl, block=block, rate=rate)   # run_experts resolves
     if layout is None or layout.mesh.size == 1:
         return _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w, rng, expert_axes=(),
                       ff_axes=(), exchange=False, **kw)

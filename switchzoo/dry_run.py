@@ -28,6 +28,7 @@ import numpy as np
 from switchzoo import inspector, layout as layout_lib, machine, validate, weights
 from switchzoo import state as state_lib
 from switchzoo.data import span_corruption, tokenizer as tokenizer_lib
+from switchzoo.layers import attention_impl
 
 
 def devices_needed(config, devices: int | None) -> int:
@@ -97,7 +98,8 @@ def compile_step(config):
     cfg = state_lib.run_model_config(config, vocab_size(config), origin)
     setup = state_lib.setup_run(config, layout, cfg)
     batch = batch_shapes(config, state_lib.global_batch_size(config))
-    step = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps)
+    step = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps,
+                                 loss_chunk=config.loss_chunk)
     start = time.perf_counter()
     lowered = step.lower(setup.abstract, batch)
     compiled = lowered.compile(inspector.cpu_inspect_options()
@@ -116,6 +118,7 @@ def run(config, print_fn=print) -> dict:
               "batch": {k: list(v.shape) for k, v in batch.items()
                         if k in ("inputs", "targets")},
               "dtype": config.dtype, "scan_layers": config.scan_layers, "remat": config.remat,
+              "attention": str(attention_impl(setup.cfg)),
               "optimizer": config.optimizer, "params": int(params),
               "compile_seconds": round(seconds, 1), "memory": memory,
               "collectives": inspector.count_collectives(compiled.as_text()),
@@ -125,7 +128,8 @@ def run(config, print_fn=print) -> dict:
     print_fn(f"dry run: {config.model} ({params:,} parameters), task {config.task}, mesh "
              f"{report['mesh']}, layout {layout.text}, batch inputs {report['batch']['inputs']} "
              f"targets {report['batch']['targets']}, {config.dtype}, {config.optimizer}, "
-             f"{'scanned' if config.scan_layers else 'unrolled'} layers, remat {config.remat}")
+             f"{'scanned' if config.scan_layers else 'unrolled'} layers, remat {config.remat}, "
+             f"attention {attention_impl(setup.cfg)}")
     print_fn(f"compiled in {seconds:.1f} s; per device: arguments "
              f"{memory.get('argument_bytes', 0) / gib:.2f} GiB, temporaries "
              f"{memory.get('temp_bytes', 0) / gib:.2f} GiB"

@@ -24,7 +24,8 @@ from switchzoo import layout as layout_lib
 from switchzoo import moe as moe_lib
 from switchzoo import state as state_lib
 from switchzoo import steps, zoo
-from switchzoo.config import REMAT
+from switchzoo.config import ATTENTION, REMAT
+from switchzoo.layers import attention_impl
 
 COLLECTIVES = ("all-to-all", "all-reduce", "all-gather", "reduce-scatter", "collective-permute")
 # An instruction is "%name = SHAPE op(operands)"; SHAPE may be a tuple with spaces in it.
@@ -88,15 +89,18 @@ def cpu_inspect_options() -> dict:
 def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
             batch_size: int | None = None, length: int = 64, compile_step: bool = True,
             group_size: int | None = None, decompose_all_to_all: bool = False,
-            dtype: str = "float32", scan_layers: bool = False, remat: str = "none") -> dict:
+            dtype: str = "float32", scan_layers: bool = False, remat: str = "none",
+            attention: str = "auto") -> dict:
     """The inspector's report (the --json object). Nothing is allocated: shapes are abstract.
 
     ``batch_size`` is the global batch in sequences (default: two per device), ``length`` the
     length of the inputs and of the targets; ``group_size`` overrides the catalogue's routing
     group (tokens routed together). ``decompose_all_to_all`` keeps the CPU compiler's
     all-to-all rewrite (see _CPU_NO_DECOMPOSER; off by default, no effect off CPU).
-    ``dtype`` (activations), ``scan_layers`` and ``remat`` as the ModelConfig fields."""
-    cfg = zoo.get(model).replace(dtype=dtype, scan_layers=scan_layers, remat=remat)
+    ``dtype`` (activations), ``scan_layers``, ``remat`` and ``attention`` as the ModelConfig
+    fields."""
+    cfg = zoo.get(model).replace(dtype=dtype, scan_layers=scan_layers, remat=remat,
+                                 attention=attention)
     if group_size is not None:
         if cfg.moe is None:
             raise ValueError(f"--group-size: {model} has no Switch layers to route")
@@ -120,6 +124,7 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         "model": model,
         "optimizer": optimizer,
         "dtype": dtype, "scan_layers": scan_layers, "remat": remat,
+        "attention": str(attention_impl(cfg)),
         "params_bytes_total": int(sum(layout_lib.nbytes(x.shape, x.dtype)
                                       for x in jax.tree.leaves(abstract.params))),
         "params_bytes_per_device_max": _bytes_per_device(abstract.params, shardings.params),
@@ -257,6 +262,9 @@ def main(argv=None) -> int:
                         help="scan each stack's repeating group of layers")
     parser.add_argument("--remat", default="none", choices=REMAT,
                         help="rematerialise each block in the backward pass")
+    parser.add_argument("--attention", default="auto", choices=ATTENTION,
+                        help="attention implementation (auto: cuDNN's fused kernel on a GPU in "
+                             "bfloat16, else the reference einsums)")
     parser.add_argument("--devices", type=int, default=None,
                         help="run on N simulated CPU devices (a pod-sized dry run on one host)")
     parser.add_argument("--no-compile", action="store_true",
@@ -283,7 +291,8 @@ def main(argv=None) -> int:
         mesh = args.mesh or _preset_mesh(args.layout)
         report = inspect(args.model, mesh, args.layout, args.optimizer, args.batch_size,
                          args.length, not args.no_compile, args.group_size,
-                         args.cpu_decompose_all_to_all, args.dtype, args.scan_layers, args.remat)
+                         args.cpu_decompose_all_to_all, args.dtype, args.scan_layers, args.remat,
+                         args.attention)
         if args.figure:
             _figure(report, args)
     except (ValueError, KeyError) as e:

@@ -4,17 +4,25 @@ parameter carries ``dims`` metadata from switchzoo.dims; key activations are pin
 ``layout.constrain``. Shapes live in the suffixes (``x_BLD``)."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from switchzoo import dims as dims_lib
 from switchzoo.layout import constrain
 
 NEG_INF = -1e9
+# The activations the "minimal" remat policy keeps (transformer.REMAT_POLICIES), tagged with
+# jax.ad_checkpoint.checkpoint_name where they are made: the attention's projections and its
+# context (per head, before the output projection), the feed-forward projections (dense and
+# expert: mlp's). MaxText's minimal_with_context.
+MINIMAL_SAVED = ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi",
+                 "mlpwi_0", "mlpwi_1", "mlpwo")
 
 
 # The std of a standard normal truncated to [-2, 2]: dividing by it keeps the asked-for std.
@@ -139,18 +147,110 @@ class RelativePositionBias(nnx.Module):
         return jnp.transpose(bias_BTSH, (0, 3, 1, 2))     # [B, H, T, S]
 
 
+class AttentionImpl(NamedTuple):
+    """How a model's attention runs: ``name`` "reference" (the einsums of Attention.attend),
+    "xla" or "cudnn" (jax.nn.dot_product_attention's implementations), and why. ``strict``:
+    asked for by name, so a call it cannot serve is an error rather than the reference path
+    (cuDNN only; "xla" falls back like "auto")."""
+    name: str
+    reason: str
+    strict: bool = False
+
+    def __str__(self):
+        return f"{self.name} ({self.reason})"
+
+
+def attention_impl(cfg, backend: str | None = None) -> AttentionImpl:
+    """ModelConfig.attention resolved for ``backend`` (default: JAX's): the one place "auto" is
+    decided. Auto is cuDNN's fused kernel on a GPU with bfloat16/float16 activations whose head
+    width it takes and where it compiles (a small probe, once per process), else the reference
+    path. Either way, calls the fused kernel cannot serve run the reference path (attention
+    dropout in training, decoding against a cache: Attention.attend)."""
+    backend = backend or jax.default_backend()
+    if cfg.attention == "reference":
+        return AttentionImpl("reference", "asked for")
+    if cfg.attention == "xla":
+        impl = AttentionImpl("xla", "jax.nn.dot_product_attention, implementation='xla'")
+    else:
+        why = _cudnn_refusal(cfg, backend)
+        if cfg.attention == "cudnn" and why:
+            raise ValueError(f"attention='cudnn' cannot run here: {why}; set attention "
+                             "(--config.attention) to auto, xla or reference")
+        if why:
+            return AttentionImpl("reference", why)
+        if cfg.attention == "cudnn":
+            impl = AttentionImpl("cudnn", "fused, asked for", strict=True)
+        else:
+            failed = _cudnn_probe(cfg.dtype, cfg.num_heads, cfg.d_kv)
+            if failed:
+                return AttentionImpl("reference", f"cuDNN's fused kernel did not compile: "
+                                                  f"{failed}")
+            impl = AttentionImpl("cudnn", "fused")
+    if cfg.dropout > 0:
+        impl = impl._replace(reason=f"{impl.reason}; training steps run the reference path "
+                                    f"for attention dropout (dropout={cfg.dropout:g})")
+    return impl
+
+
+def _cudnn_refusal(cfg, backend: str) -> str:
+    """Why cuDNN's fused kernel cannot serve ``cfg`` on ``backend`` ('' if it can): it runs on
+    NVIDIA GPUs, in bfloat16/float16, heads of a multiple of 8 up to 128 wide (256 on Hopper
+    and later). jax/_src/cudnn/fused_attention_stablehlo.py: check_layout and
+    check_is_flash_attention."""
+    if backend != "gpu":
+        return f"{backend} backend: cuDNN's fused kernel runs on NVIDIA GPUs"
+    if cfg.dtype not in ("bfloat16", "float16"):
+        return f"{cfg.dtype} activations: cuDNN's fused kernel takes bfloat16 or float16"
+    capability = getattr(jax.devices(backend)[0], "compute_capability", "0.0")
+    widest = 256 if tuple(int(x) for x in capability.split(".")[:2]) >= (9, 0) else 128
+    if cfg.d_kv % 8 or cfg.d_kv > widest:
+        return (f"d_kv={cfg.d_kv}: cuDNN's fused kernel takes a multiple of 8 up to {widest} "
+                "on this GPU")
+    return ""
+
+
+@functools.lru_cache
+def _cudnn_probe(dtype: str, heads: int, d_kv: int) -> str:
+    """'' if cuDNN compiles the forward and backward of both attentions a model runs on small
+    shapes (self: relative-position bias [1, H, T, S], mask, causal; cross: mask only, S != T),
+    else the first line of its error: auto then keeps the reference path rather than fail the
+    run (a missing cuDNN, an unsupported GPU or bias gradient)."""
+    dt = jnp.dtype(dtype)
+    B, T, S = 2, 16, 32
+
+    def loss(q, k, v, kx, vx, bias):
+        mask = jnp.ones((B, 1, T, T), bool).at[:, :, :, T // 2:].set(False)
+        self_ = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=1.0,
+                                             is_causal=True, implementation="cudnn")
+        cross = jax.nn.dot_product_attention(q, kx, vx, mask=jnp.ones((B, 1, T, S), bool),
+                                             scale=1.0, implementation="cudnn")
+        return jnp.sum((self_ + cross).astype(jnp.float32))
+    qkv = jax.ShapeDtypeStruct((B, T, heads, d_kv), dt)
+    kvx = jax.ShapeDtypeStruct((B, S, heads, d_kv), dt)
+    try:
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5))).lower(
+            qkv, qkv, qkv, kvx, kvx, jax.ShapeDtypeStruct((1, heads, T, T), dt)).compile()
+    except Exception as e:          # noqa: BLE001  (any refusal: keep the reference path)
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+    return ""
+
+
 class Attention(nnx.Module):
     """Multi-head attention without biases or 1/sqrt(d_kv) (T5 folds it into the query's
-    init, as flaxformer does: its std is the others' / sqrt(d_kv))."""
+    init, as flaxformer does: its std is the others' / sqrt(d_kv)). ``impl`` (an
+    AttentionImpl's name; ``strict``: asked for by name) says how it runs, ``causal`` whether
+    its mask is causal (then the fused kernels are told so: cuDNN skips the masked blocks)."""
 
     def __init__(self, d_model: int, heads: int, d_kv: int, rngs: nnx.Rngs,
-                 init: Init = Init()):
+                 init: Init = Init(), impl: str = "reference", causal: bool = False,
+                 strict: bool = False):
         qkv = (d_model, heads, d_kv), ("d_model", "heads", "d_kv")
         self.q = init.matrix(rngs, d_model, *qkv, extra=d_kv ** -0.5)
         self.k = init.matrix(rngs, d_model, *qkv)
         self.v = init.matrix(rngs, d_model, *qkv)
         self.o = init.matrix(rngs, heads * d_kv, (heads, d_kv, d_model),
                              ("heads", "d_kv", "d_model"))
+        self.impl, self.causal, self.strict = impl, causal, strict
 
     def __call__(self, x_BTD, kv_BSD, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None):
         return self.attend(x_BTD, *self.project_kv(kv_BSD), bias_BHTS, mask_BTS, rate, rng)
@@ -162,20 +262,85 @@ class Attention(nnx.Module):
         dt = kv_BSD.dtype
         k_BHSK = jnp.einsum("BSD,DHK->BHSK", kv_BSD, self.k[...].astype(dt))
         v_BHSK = jnp.einsum("BSD,DHK->BHSK", kv_BSD, self.v[...].astype(dt))
-        return (constrain(k_BHSK, ("batch", "heads", "length", "d_kv")),
-                constrain(v_BHSK, ("batch", "heads", "length", "d_kv")))
+        return (checkpoint_name(constrain(k_BHSK, ("batch", "heads", "length", "d_kv")),
+                                "key_proj"),
+                checkpoint_name(constrain(v_BHSK, ("batch", "heads", "length", "d_kv")),
+                                "value_proj"))
 
     @jax.named_scope("attention")
-    def attend(self, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None):
+    def attend(self, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None,
+               fused: bool = True):
+        """Queries x_BTD attend to keys/values [B, H, S, K] with ``bias_BHTS`` (float32,
+        [B or 1, H, T, S], or None) where ``mask_BTS`` allows. ``fused`` False (decoding
+        against a cache) runs the reference path whatever ``impl`` says."""
+        impl = self._serving(x_BTD.shape[1], k_BHSK.shape[2], rate, rng) if fused else None
+        if impl in ("xla", "cudnn"):
+            return self._fused(impl, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS)
         dt = x_BTD.dtype
         q_BHTK = jnp.einsum("BTD,DHK->BHTK", x_BTD, self.q[...].astype(dt))
-        q_BHTK = constrain(q_BHTK, ("batch", "heads", "length", "d_kv"))
+        q_BHTK = checkpoint_name(constrain(q_BHTK, ("batch", "heads", "length", "d_kv")),
+                                 "query_proj")
         s_BHTS = jnp.einsum("BHTK,BHSK->BHTS", q_BHTK, k_BHSK).astype(jnp.float32)
-        s_BHTS = s_BHTS + bias_BHTS + jnp.where(mask_BTS[:, None], 0.0, NEG_INF)
+        if bias_BHTS is not None:
+            s_BHTS = s_BHTS + _rows(bias_BHTS, s_BHTS.shape[0])
+        s_BHTS = s_BHTS + jnp.where(mask_BTS[:, None], 0.0, NEG_INF)
         p_BHTS = dropout(jax.nn.softmax(s_BHTS, axis=-1).astype(dt), rate, rng)
-        out_BHTK = jnp.einsum("BHTS,BHSK->BHTK", p_BHTS, v_BHSK)
+        out_BHTK = checkpoint_name(jnp.einsum("BHTS,BHSK->BHTK", p_BHTS, v_BHSK), "context")
         out_BTD = jnp.einsum("BHTK,HKD->BTD", out_BHTK, self.o[...].astype(dt))
-        return constrain(out_BTD, ("batch", "length", "d_model"))
+        return checkpoint_name(constrain(out_BTD, ("batch", "length", "d_model")), "out_proj")
+
+    def _serving(self, T: int, S: int, rate: float, rng) -> str:
+        """The implementation that serves this call: ``impl``, or the reference path where
+        the fused kernels cannot (an error where cuDNN was asked for by name)."""
+        if self.impl == "reference":
+            return "reference"
+        why = fix = ""
+        if rate > 0 and rng is not None:
+            why, fix = f"attention dropout (rate {rate:g} in a training step)", "dropout=0"
+        elif self.impl == "cudnn" and (T % 2 or S % 2):
+            why, fix = f"odd lengths ({T} queries, {S} keys)", "even lengths"
+        if not why:
+            return self.impl
+        if self.strict:
+            raise ValueError(f"attention='cudnn' cannot serve {why}; use {fix}, or set "
+                             "attention (--config.attention) to auto, which runs such calls on "
+                             "the reference path")
+        return "reference"
+
+    def _fused(self, impl: str, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS):
+        """jax.nn.dot_product_attention (layout [B, T, heads, d_kv]; scale 1: T5 folds it into
+        the query weights). The boolean mask is [B, 1, T, S]; XLA applies it with a where
+        (a fully masked row, padding's cross-attention, averages its values: no NaN), cuDNN
+        adds it to the bias as a large negative number. cuDNN takes the bias in the
+        activations' dtype (a float32 one NaNs its bias gradient, jax issue 32242)."""
+        dt = x_BTD.dtype
+        q_BTHK = jnp.einsum("BTD,DHK->BTHK", x_BTD, self.q[...].astype(dt))
+        q_BTHK = checkpoint_name(constrain(q_BTHK, ("batch", "length", "heads", "d_kv")),
+                                 "query_proj")
+        k_BSHK, v_BSHK = (jnp.swapaxes(t, 1, 2) for t in (k_BHSK, v_BHSK))
+        if bias_BHTS is None:
+            bias = None
+        elif impl == "cudnn":       # [1, H, T, S]: the bias whose gradient cuDNN computes
+            bias = bias_BHTS.astype(dt)
+        else:
+            bias = _rows(bias_BHTS, x_BTD.shape[0])
+        ctx_BTHK = jax.nn.dot_product_attention(
+            q_BTHK, k_BSHK, v_BSHK, bias=bias,
+            mask=None if mask_BTS is None else mask_BTS[:, None],
+            scale=1.0, is_causal=self.causal, implementation=impl)
+        ctx_BTHK = checkpoint_name(constrain(ctx_BTHK, ("batch", "length", "heads", "d_kv")),
+                                   "context")
+        out_BTD = jnp.einsum("BTHK,HKD->BTD", ctx_BTHK, self.o[...].astype(dt))
+        return checkpoint_name(constrain(out_BTD, ("batch", "length", "d_model")), "out_proj")
+
+
+def _rows(bias_BHTS, B: int):
+    """A bias shared by the rows ([1, H, T, S]) as one per row: an outer product with ones, so
+    its gradient sums the rows by a dot, which XLA:CPU runs ~35x faster than the reduce that
+    a broadcast's transpose is ([8, 8, 512, 512]: 0.005 s against 0.18 s of CPU)."""
+    if bias_BHTS.shape[0] == B:
+        return bias_BHTS
+    return jnp.einsum("B,HTS->BHTS", jnp.ones((B,), bias_BHTS.dtype), bias_BHTS[0])
 
 
 def ffn_params(rngs: nnx.Rngs, d_model: int, d_ff: int, activation: str,
@@ -205,11 +370,13 @@ def mlp(x, w: dict, project, hidden=lambda h: h, dropout_fn=lambda h: h):
     ``project(x, weight)``, the matmul of their layout (one weight for every token, a batch of
     per-expert weights, or a matmul grouped by expert); ``hidden`` pins the hidden activation
     (layout.constrain) before ``dropout_fn``."""
+    def proj(x, name):          # tagged for the "minimal" remat policy (MINIMAL_SAVED)
+        return checkpoint_name(project(x, w[name]), f"mlp{name}")
     if "wi" in w:
-        h = jax.nn.relu(project(x, w["wi"]))
+        h = jax.nn.relu(proj(x, "wi"))
     else:
-        h = jax.nn.gelu(project(x, w["wi_0"]), approximate=True) * project(x, w["wi_1"])
-    return project(dropout_fn(hidden(h)), w["wo"])
+        h = jax.nn.gelu(proj(x, "wi_0"), approximate=True) * proj(x, "wi_1")
+    return proj(dropout_fn(hidden(h)), "wo")
 
 
 class Mlp(nnx.Module):

@@ -20,8 +20,10 @@ from switchzoo import (atomic, checkpoints, cli, data, distill, evaluate, hosts,
                        weights, zoo)
 from switchzoo import metrics as metrics_lib
 from switchzoo import state as state_lib
+from switchzoo.data import feed as feed_lib
 from switchzoo.data import pipeline
 from switchzoo.data import tokenizer as tokenizer_lib
+from switchzoo.layers import attention_impl
 
 
 def check_workdir(workdir: pathlib.Path, config) -> None:
@@ -180,6 +182,7 @@ def train(config, workdir, print_fn=print) -> dict:
     print_fn(f"model {config.model}: {sum(x.size for x in jax.tree.leaves(state.params)):,} "
              f"parameters | mesh {dict(layout.mesh.shape)} | layout {layout.text} | "
              f"{'resuming at step ' + str(start) if start else 'from step 0'}")
+    print_fn(f"attention: {attention_impl(setup.cfg)}")
     for line in loaded:
         print_fn(line)
     announce(share.describe(ds.train.num_examples))
@@ -190,16 +193,21 @@ def train(config, workdir, print_fn=print) -> dict:
                  f"{config.distill.weight:g} x its probabilities + "
                  f"{1 - config.distill.weight:g} x the labels")
     step_fn = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps,
-                                    teacher.setup if teacher else None, config.distill.weight)
+                                    teacher.setup if teacher else None, config.distill.weight,
+                                    config.loss_chunk)
     teacher_args = (teacher.params,) if teacher else ()    # an argument, never a constant
     eval_fn = steps.make_eval_step(setup)
     writer = metrics_lib.Writer(workdir, config.num_train_steps, start)
     last, throughput = {}, metrics_lib.Throughput()
+    # data.prefetch: the streams read ahead in threads, and each step's input is placed on the
+    # devices a step early, before the loop blocks on a step's metrics (switchzoo.data.feed)
+    feed = feed_lib.Feed(ds.train, placer(layout, share, config.data.prefetch),
+                         ahead=1 if config.data.prefetch else 0)
     with Preemption() as preempted:
         try:
             for step in range(start + 1, config.num_train_steps + 1):
-                batch = next(ds.train)              # this process's rows
-                state, m = step_fn(state, hosts.assemble(batch, layout, share), *teacher_args)
+                batch, placed = next(feed)          # this process's rows; the step's input
+                state, m = step_fn(state, placed, *teacher_args)
                 throughput.add(m["tokens"])
                 if step == start + 1:
                     throughput.restart(state)        # this process's first step: it compiled
@@ -213,7 +221,7 @@ def train(config, workdir, print_fn=print) -> dict:
                     last = metrics_lib.row(step, m, float(schedule(step - 1)),
                                            throughput.rate())
                     last.update(hosts.batch_fingerprint(batch, share))
-                    if ds.spans:      # texts too short to corrupt, since this process began
+                    if ds.spans:      # texts too short to corrupt, read since this process began
                         last["skipped_documents"] = ds.spans.skipped
                     writer.write(last)
                     writer.progress(step, last["loss"], last["tokens_per_sec"])
@@ -223,15 +231,26 @@ def train(config, workdir, print_fn=print) -> dict:
                     throughput.restart(state)
                 if saving:                  # every process's streams, gathered
                     ckpt.save(step, state, pipeline.merge_states(
-                        hosts.allgather_json(ds.train.get_state(), share.processes)),
-                        force=final)
+                        hosts.allgather_json(feed.get_state(), share.processes)),
+                        force=final)                # the state after this step's batch
                 if stopping:
                     print_fn(f"\npreempted: saved step {step}; run the same command to resume")
                     break
         finally:
+            ds.train.close()                # its read-ahead threads
             writer.close()
             ckpt.close()
     return last
+
+
+def placer(layout, share: hosts.Share, prefetch: int):
+    """A batch of this process's rows -> the train step's input. With read-ahead: global
+    jax.Arrays, placed at once (an asynchronous copy); without, as before, one process hands
+    its numpy rows to the jitted step, which places them when it is dispatched."""
+    if prefetch and share.processes == 1:
+        shardings = state_lib.batch_shardings(layout)
+        return lambda batch: jax.device_put(batch, shardings)
+    return lambda batch: hosts.assemble(batch, layout, share)
 
 
 def check_vocabulary(workdir: pathlib.Path, cfg) -> None:

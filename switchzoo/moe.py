@@ -1,6 +1,10 @@
-"""The Switch feed-forward layer: route tokens within groups, dispatch them to experts by einsum,
-run each expert's MLP (layers.mlp, the dense block's), combine. With the experts dim laid out
-over a mesh axis, the dispatch and combine einsums compile to all-to-all (tokens move; expert
+"""The Switch feed-forward layer: route tokens within groups, dispatch them into the experts'
+capacity slots, run each expert's MLP (layers.mlp, the dense block's), combine. Dispatch
+(moe.dispatch): "index" gathers each slot's token and combines by gathering each token's slots
+(scatter-adding for experts-choose, where a token has 0..E of them); "einsum" multiplies by
+one-hot [G, N, E, C] masks (2 N C E D flops a group each way, where index moves the E C D
+values), the oracle; "dropless" (switchzoo/dropless.py) has no capacity. With the experts dim
+laid out over a mesh axis, dispatch and combine compile to all-to-all (tokens move; expert
 weights stay put)."""
 from __future__ import annotations
 
@@ -104,24 +108,40 @@ class SwitchFFN(nnx.Module):
         valid_GN = None if valid_BL is None else valid_BL.reshape(G, N)
         if not self.experts_choose and (cfg.dispatch == "dropless" or (
                 cfg.dispatch == "auto" and C == N and self._dropless_runs(x_BLD.shape))):
-            # With room for every token (decoding: groups of one token), the einsum dispatch
+            # With room for every token (decoding: groups of one token), a capacity dispatch
             # would run every expert on every token; dropless computes the same sum, E x less.
             return self._dropless(x_BLD, logits_GNE, valid_GN, drop_rng, bias_E)
+        index = cfg.dispatch != "einsum"                        # "index", or "auto" here
         with jax.named_scope("routing"):
             if self.experts_choose:
                 r = experts_choose_route(logits_GNE, C, valid_GN)
             else:
                 r = route(logits_GNE, cfg.top_k, C, cfg.normalize_top_k, valid_GN, bias_E,
                           cfg.gates_sum_to_one)
-            # Pin the routing masks to the tokens' devices, so the partitioner moves tokens
-            # (one all-to-all each way) rather than masks.
-            mask_dims = ("groups", "group_size", "experts", "expert_capacity")
-            dispatch_GNEC = constrain(r.dispatch_GNEC.astype(dt), mask_dims)
-            combine_GNEC = constrain(r.combine_GNEC.astype(dt), mask_dims)
+            # Pin the routing (indices or masks) to the tokens' devices, so the partitioner
+            # moves tokens (one all-to-all each way) rather than routing.
+            slot_dims = ("groups", "experts", "expert_capacity")
+            if index:
+                token_GEC = constrain(r.token_GEC, slot_dims)
+                if self.experts_choose:
+                    weight_GEC = constrain(r.weight_GEC.astype(dt), slot_dims)
+                else:
+                    pick_dims = ("groups", "group_size", None)
+                    cell_GNP = constrain(jnp.where(r.kept_GNP, r.expert_GNP * C + r.slot_GNP,
+                                                   cfg.num_experts * C), pick_dims)
+                    gate_GNP = constrain(r.gate_GNP.astype(dt), pick_dims)
+            else:
+                mask_dims = ("groups", "group_size", "experts", "expert_capacity")
+                dispatch_GNEC = constrain(r.dispatch_GNEC.astype(dt), mask_dims)
+                combine_GNEC = constrain(r.combine_GNEC.astype(dt), mask_dims)
 
         # Dispatch where the tokens are, then move the expert dim onto its axis: all-to-all.
         with jax.named_scope("dispatch"):
-            x_EGCD = jnp.einsum("GND,GNEC->EGCD", x_GND, dispatch_GNEC)
+            if index:       # each slot's token (zero for an empty slot), group by group
+                x_EGCD = jax.vmap(lambda x_ND, t_EC: x_ND.at[t_EC].get(mode="fill", fill_value=0),
+                                  out_axes=1)(x_GND, token_GEC)
+            else:
+                x_EGCD = jnp.einsum("GND,GNEC->EGCD", x_GND, dispatch_GNEC)
             x_EGCD = constrain(x_EGCD, (None, "groups", "expert_capacity", "d_model"))
             x_EGCD = constrain(x_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
 
@@ -136,7 +156,18 @@ class SwitchFFN(nnx.Module):
             y_EGCD = constrain(y_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
         with jax.named_scope("combine"):
             y_EGCD = constrain(y_EGCD, (None, "groups", "expert_capacity", "d_model"))
-            y_GND = jnp.einsum("EGCD,GNEC->GND", y_EGCD, combine_GNEC)
+            if index:
+                y_GQD = jnp.swapaxes(y_EGCD, 0, 1).reshape(G, -1, D)      # Q: E x C slots
+                if self.experts_choose:     # each slot into its token, weighted (0..E a token)
+                    y_GQD = y_GQD * weight_GEC.reshape(G, -1, 1)
+                    y_GND = jax.vmap(lambda y_QD, t_Q: jnp.zeros((N, D), dt).at[t_Q].add(
+                        y_QD, mode="drop"))(y_GQD, token_GEC.reshape(G, -1))
+                else:                       # each token's kept picks' slots, weighted
+                    y_GNPD = jax.vmap(lambda y_QD, c_NP: y_QD.at[c_NP].get(
+                        mode="fill", fill_value=0))(y_GQD, cell_GNP)
+                    y_GND = jnp.einsum("GNPD,GNP->GND", y_GNPD, gate_GNP)
+            else:
+                y_GND = jnp.einsum("EGCD,GNEC->GND", y_EGCD, combine_GNEC)
             y_GND = constrain(y_GND, ("groups", "group_size", "d_model"))
         stats = {"aux_loss": r.aux_loss, "z_loss": r.z_loss, **r.metrics}
         return y_GND.reshape(B, L, D), stats

@@ -3,6 +3,10 @@ with DeepSeek-V3's balancing bias) and experts-choose (Zhou et al. 2022).
 
 Shapes: G routing groups, N tokens per group, E experts, P experts picked per token (top-k),
 C slots per expert.
+
+A routing is indices (``Routing``): which token fills each expert slot and with what combine
+weight, and for tokens-choose each pick's expert and slot. The one-hot [G, N, E, C] masks the
+einsum dispatch multiplies by are built from them on demand (``Routing.dispatch_GNEC``).
 """
 from __future__ import annotations
 
@@ -16,13 +20,50 @@ from switchzoo.layers import Init
 
 
 class Routing(NamedTuple):
-    dispatch_GNEC: jax.Array      # 1 where token n goes to slot c of expert e
-    combine_GNEC: jax.Array       # its gate (0 for dropped tokens)
+    token_GEC: jax.Array          # int32: the token in slot c of expert e; N where it is empty
+    weight_GEC: jax.Array         # that token's combine weight (its gate; 0 where empty)
+    served_GN: jax.Array          # int32: how many experts serve token n (0: dropped, padding)
     aux_loss: jax.Array           # Switch eq. 4 (alpha = 1): 1.0 at perfect balance
     z_loss: jax.Array             # mean squared log-partition of the router logits
     # dropped_fraction, expert_load [E], router_confidence: means over this call's valid
     # tokens (0 where it has none); routed_tokens: how many, the weight to average calls by.
     metrics: dict
+    # Tokens-choose only (None for experts-choose): each pick's expert and slot (int32),
+    # whether it kept that slot, and its combine weight (0 unless kept).
+    expert_GNP: jax.Array | None = None
+    slot_GNP: jax.Array | None = None
+    kept_GNP: jax.Array | None = None
+    gate_GNP: jax.Array | None = None
+
+    @property
+    def dispatch_GNEC(self):
+        """1 where token n goes to slot c of expert e (float32; what the einsum dispatch
+        multiplies by, built here from ``token_GEC``: an empty slot's index N is no token)."""
+        onehot_GECN = jax.nn.one_hot(self.token_GEC, self.served_GN.shape[1], dtype=jnp.float32)
+        return jnp.transpose(onehot_GECN, (0, 3, 1, 2))
+
+    @property
+    def combine_GNEC(self):
+        """The dispatch mask times each token's combine weight (0 for dropped tokens)."""
+        return self.dispatch_GNEC * self.weight_GEC[:, None]
+
+
+def _fill_slots(cell_GNP, capacity: int, num_experts: int):
+    """The pick (n * P + p) in each slot, from each pick's flat slot e * C + c (E * C: none):
+    [G, E, C], N * P where a slot is empty. Kept picks have distinct slots and the others'
+    index is past the end (dropped), so this integer scatter has no collisions. Batched over
+    the groups (vmap), which stay on their devices."""
+    G, N, P = cell_GNP.shape
+
+    def one_group(cell_Q):
+        empty = jnp.full((num_experts * capacity,), N * P, jnp.int32)
+        return empty.at[cell_Q].set(jnp.arange(N * P, dtype=jnp.int32), mode="drop")
+    return jax.vmap(one_group)(cell_GNP.reshape(G, N * P)).reshape(G, num_experts, capacity)
+
+
+def _take_rows(table_GQ, index_GK):
+    """table[g, index[g, k]] (0 where the index is past the table's end), batched over G."""
+    return jax.vmap(lambda t, i: t.at[i].get(mode="fill", fill_value=0))(table_GQ, index_GK)
 
 
 class Router(nnx.Module):
@@ -40,8 +81,18 @@ class Router(nnx.Module):
     def __call__(self, x_GND, jitter: float = 0.0, rng=None):
         x = x_GND.astype(jnp.float32)
         if rng is not None and jitter > 0:
-            x = x * jax.random.uniform(rng, x.shape, jnp.float32, 1.0 - jitter, 1.0 + jitter)
-        return jnp.einsum("GND,DE->GNE", x, self.w[...])
+            x = x * jitter_noise(rng, x.shape, jitter)
+        # HIGHEST: the same routing on every backend (GPU would otherwise round to TF32).
+        return jnp.einsum("GND,DE->GNE", x, self.w[...], precision=jax.lax.Precision.HIGHEST)
+
+
+def jitter_noise(rng, shape, jitter: float):
+    """Multiplicative noise uniform over 256 evenly spaced values in [1 - jitter, 1 + jitter]
+    (Mesh-TensorFlow's switch_jitter draws it in float32). One random byte per element: the
+    float32 draw (four bytes each) was the largest cost a Switch layer added to the CPU LM
+    study's step (5% of it); a noise of +-1% needs no finer steps than 2 x jitter / 255."""
+    u8 = jax.random.bits(rng, shape, jnp.uint8).astype(jnp.float32)
+    return (1.0 - jitter) + u8 * (2.0 * jitter / 255.0)
 
 
 def _top_k(probs_GNE, k: int, scores_GNE):
@@ -158,12 +209,16 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
     slot_GNPE = jnp.swapaxes(flat_slot.reshape(G, top_k, N, E), 1, 2)
     keep_GNPE = mask_GNPE * (slot_GNPE < capacity)
     slot_GNP = jnp.sum(slot_GNPE * mask_GNPE, axis=-1).astype(jnp.int32)
-    onehot_GNPC = jax.nn.one_hot(slot_GNP, capacity, dtype=jnp.float32)
-    dispatch_GNEC = jnp.einsum("GNPE,GNPC->GNEC", keep_GNPE, onehot_GNPC)
+    kept_f_GNP = jnp.sum(keep_GNPE, -1)
+    kept_GNP = kept_f_GNP > 0
     # sum_to_one: over the picks that kept a slot (B.7's "after routing": a top-2 token that
     # lost one pick gets gate 1 on the other, where normalize_top_k's are set before capacity)
-    gates_GNP = _sum_to_one(c.gates_GNP, jnp.sum(keep_GNPE, -1)) if sum_to_one else c.gates_GNP
-    combine_GNEC = jnp.einsum("GNP,GNPE,GNPC->GNEC", gates_GNP, keep_GNPE, onehot_GNPC)
+    gates_GNP = _sum_to_one(c.gates_GNP, kept_f_GNP) if sum_to_one else c.gates_GNP
+    gate_GNP = gates_GNP * kept_f_GNP
+    cell_GNP = jnp.where(kept_GNP, c.index_GNP * capacity + slot_GNP, E * capacity)
+    pick_GEC = _fill_slots(cell_GNP, capacity, E)
+    token_GEC = jnp.where(pick_GEC < N * top_k, pick_GEC // top_k, N)
+    weight_GEC = _take_rows(gate_GNP.reshape(G, N * top_k), pick_GEC.reshape(G, -1))
     metrics = {
         # per (token, pick) assignment: with top-2, a token may lose one pick and keep the
         # other. Counted as drops over picks, so a batch of padding drops nothing (not all).
@@ -171,7 +226,9 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
                             / jnp.maximum(jnp.sum(mask_GNPE), 1.0),
         **c.metrics,
     }
-    return Routing(dispatch_GNEC, combine_GNEC, c.aux_loss, c.z_loss, metrics)
+    return Routing(token_GEC, weight_GEC.reshape(G, E, capacity),
+                   jnp.sum(kept_GNP, -1, dtype=jnp.int32), c.aux_loss, c.z_loss, metrics,
+                   c.index_GNP, slot_GNP, kept_GNP, gate_GNP)
 
 
 def experts_choose_route(logits_GNE, capacity: int, valid_GN=None) -> Routing:
@@ -193,17 +250,23 @@ def experts_choose_route(logits_GNE, capacity: int, valid_GN=None) -> Routing:
     probs_GNE = jax.nn.softmax(logits_GNE, axis=-1)
     scores_GEN = jnp.where(valid_GN[:, None, :], jnp.swapaxes(probs_GNE, 1, 2), -1.0)
     _, index_GEC = jax.lax.top_k(scores_GEN, capacity)
-    dispatch_GECN = jax.nn.one_hot(index_GEC, N, dtype=jnp.float32) * valid_f_GN[:, None, None]
-    dispatch_GNEC = jnp.transpose(dispatch_GECN, (0, 3, 1, 2))
-    combine_GNEC = dispatch_GNEC * probs_GNE[..., None]
+    index_GEC = index_GEC.astype(jnp.int32)
+    token_GEC = jnp.where(_take_rows(valid_GN, index_GEC.reshape(G, -1)).reshape(G, E, capacity),
+                          index_GEC, N)                         # padding taken: an empty slot
+    # each slot's weight: its token's probability for the slot's expert (0 for an empty slot)
+    weight_GEC = jnp.take_along_axis(jnp.swapaxes(probs_GNE, 1, 2), token_GEC, axis=-1,
+                                     mode="fill", fill_value=0)
+    served_GN = jax.vmap(lambda t: jnp.zeros((N,), jnp.int32).at[t].add(1, mode="drop"))(
+        token_GEC.reshape(G, -1))
+    filled_GEC = (token_GEC < N).astype(jnp.float32)
 
     z_loss, diagnostics = _z_loss_and_confidence(logits_GNE, probs_GNE, valid_f_GN, count)
-    routed_GN = jnp.sum(dispatch_GNEC, axis=(2, 3)) > 0
     metrics = {
-        "dropped_fraction": jnp.sum(~routed_GN * valid_f_GN) / count,   # 0 with no token
-        "expert_load": (jnp.sum(dispatch_GNEC, axis=(0, 1, 3))
-                        / jnp.maximum(jnp.sum(dispatch_GNEC), 1.0)),
+        "dropped_fraction": jnp.sum((served_GN == 0) * valid_f_GN) / count,   # 0 with no token
+        "expert_load": (jnp.sum(filled_GEC, axis=(0, 2))
+                        / jnp.maximum(jnp.sum(filled_GEC), 1.0)),
         **diagnostics,
         "routed_tokens": jnp.sum(valid_f_GN),
     }
-    return Routing(dispatch_GNEC, combine_GNEC, jnp.zeros((), jnp.float32), z_loss, metrics)
+    return Routing(token_GEC, weight_GEC, served_GN, jnp.zeros((), jnp.float32), z_loss,
+                   metrics)

@@ -280,7 +280,8 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
                          "--config.data.vocab_path")
     init = {k: config[k] for k in ("init_scale", "init_distribution") if config[k] is not None}
     return cfg.replace(dtype=config.dtype, dropout=config.dropout,
-                       scan_layers=config.scan_layers, remat=config.remat, **init)
+                       scan_layers=config.scan_layers, remat=config.remat,
+                       attention=config.attention, **init)
 
 
 def run_optimizer(config) -> optax.GradientTransformation:

@@ -10,6 +10,7 @@ import optax
 from flax import nnx
 
 from switchzoo import layout as layout_lib
+from switchzoo import loss as loss_lib
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig
 
@@ -35,9 +36,28 @@ def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: floa
     if label_smoothing:
         ce_BL = lse_BL - (1 - label_smoothing) * label_BL - label_smoothing * jnp.mean(
             logits_BLV, axis=-1)
+    correct_BL = correct(logits_BLV, label_BL, targets_BL)
+    return _objective(jnp.sum(ce_BL * weights_BL), jnp.sum(correct_BL * weights_BL),
+                      weights_BL, aux, cfg, tokens, share)
+
+
+@jax.named_scope("loss")
+def chunked_lm_objective(x_BLD, w_VD, batch, aux, cfg: ModelConfig, label_smoothing: float,
+                         tokens, share: float, chunk_tokens: int):
+    """lm_objective from the output layer's input and weight (``model.head_inputs``), its
+    logits made about ``chunk_tokens`` tokens (per device) at a time and never held whole
+    (switchzoo.loss)."""
+    weights_BL = batch["weights"].astype(jnp.float32)
+    ce_sum, correct_sum = loss_lib.cross_entropy(x_BLD, w_VD, batch["targets"], weights_BL,
+                                                 label_smoothing, chunk_tokens)
+    return _objective(ce_sum, correct_sum, weights_BL, aux, cfg, tokens, share)
+
+
+def _objective(ce_sum, correct_sum, weights_BL, aux, cfg: ModelConfig, tokens, share):
+    """The loss and metrics from the token-weighted sums of cross-entropy and correct tokens."""
     own = jnp.sum(weights_BL)
     tokens = jnp.maximum(own if tokens is None else tokens, 1.0)
-    ce = jnp.sum(ce_BL * weights_BL) / tokens
+    ce = ce_sum / tokens
     loss = ce
     if cfg.moe is not None:
         aux = dict(aux)
@@ -48,7 +68,7 @@ def lm_objective(logits_BLV, batch, aux, cfg: ModelConfig, label_smoothing: floa
         if "bias_balance" in aux:                  # + 0, for its gradient (routing.choose)
             balance = share * jnp.sum(aux.pop("bias_balance"))
             loss = loss + (balance - jax.lax.stop_gradient(balance))
-    accuracy = jnp.sum(correct(logits_BLV, label_BL, targets_BL) * weights_BL) / tokens
+    accuracy = correct_sum / tokens
     return loss, {"loss": loss, "cross_entropy": ce, "accuracy": accuracy, "tokens": own, **aux}
 
 
@@ -93,9 +113,14 @@ def distill_objective(logits_BLV, teacher_logits_BLV, batch, aux, cfg: ModelConf
 
 
 def make_loss_fn(s: state_lib.Setup, label_smoothing: float = 0.0,
-                 teacher: state_lib.Setup | None = None, distill_weight: float = 0.0):
+                 teacher: state_lib.Setup | None = None, distill_weight: float = 0.0,
+                 loss_chunk: int = 0):
     """loss_fn(params, batch, rng, tokens=None, share=1.0, teacher_params=None) -> (loss,
     metrics) (see lm_objective for ``tokens`` and ``share``).
+
+    ``loss_chunk`` > 0 (without a teacher): the cross-entropy from the final hidden states and
+    the output weights, that many tokens at a time (chunked_lm_objective), never the float32
+    [B, L, V] logits; 0: lm_objective on the full logits (the oracle).
 
     Decoder-only: ``inputs`` predict ``targets``. Encoder-decoder: ``inputs`` are the source and
     the decoder reads ``targets`` shifted right (T5: starting with the pad id 0).
@@ -106,7 +131,13 @@ def make_loss_fn(s: state_lib.Setup, label_smoothing: float = 0.0,
     graphdef, cfg, layout = s.graphdef, s.cfg, s.layout
 
     def loss_fn(params, batch, rng, tokens=None, share=1.0, teacher_params=None):
-        logits, aux = forward(nnx.merge(graphdef, params), cfg, layout, batch, rng)
+        model = nnx.merge(graphdef, params)
+        if teacher is None and loss_chunk:
+            x_BLD, aux = forward(model, cfg, layout, batch, rng, hidden=True)
+            with layout_lib.use(layout):
+                return chunked_lm_objective(*model.head_inputs(x_BLD), batch, aux, cfg,
+                                            label_smoothing, tokens, share, loss_chunk)
+        logits, aux = forward(model, cfg, layout, batch, rng)
         if teacher is None:
             return lm_objective(logits, batch, aux, cfg, label_smoothing, tokens, share)
         with jax.named_scope("teacher"):
@@ -117,8 +148,10 @@ def make_loss_fn(s: state_lib.Setup, label_smoothing: float = 0.0,
     return loss_fn
 
 
-def forward(model, cfg: ModelConfig, layout: layout_lib.Layout, batch, rng=None):
-    """Logits and Switch stats of a batch (``rng`` None: evaluation mode)."""
+def forward(model, cfg: ModelConfig, layout: layout_lib.Layout, batch, rng=None,
+            hidden: bool = False):
+    """Logits (``hidden``: the final hidden states [B, L, D] instead) and Switch stats of a
+    batch (``rng`` None: evaluation mode)."""
     with layout_lib.use(layout):
         if cfg.is_encoder_decoder:
             return model(batch["inputs"],
@@ -126,9 +159,10 @@ def forward(model, cfg: ModelConfig, layout: layout_lib.Layout, batch, rng=None)
                          src_positions=batch.get("inputs_positions"),
                          src_segments=batch.get("inputs_segments"),
                          tgt_positions=batch.get("targets_positions"),
-                         tgt_segments=batch.get("targets_segments"), rng=rng)
+                         tgt_segments=batch.get("targets_segments"), rng=rng,
+                         return_hidden=hidden)
         return model(batch["inputs"], positions_BL=batch.get("positions"),
-                     segments_BL=batch.get("segments"), rng=rng)
+                     segments_BL=batch.get("segments"), rng=rng, return_hidden=hidden)
 
 
 def make_eval_step(s: state_lib.Setup):
@@ -183,7 +217,8 @@ def micro_batches(batch: dict, accumulate: int) -> dict:
 
 
 def make_train_step(s: state_lib.Setup, label_smoothing: float = 0.0, accumulate: int = 1,
-                    teacher: state_lib.Setup | None = None, distill_weight: float = 0.0):
+                    teacher: state_lib.Setup | None = None, distill_weight: float = 0.0,
+                    loss_chunk: int = 0):
     """The one jitted step: loss, gradients, optimizer update. The state is donated; batch
     fields are [batch, ...] arrays.
 
@@ -194,9 +229,12 @@ def make_train_step(s: state_lib.Setup, label_smoothing: float = 0.0, accumulate
     With ``accumulate`` > 1 the batch runs as that many strided micro-batches (micro_batches),
     each with its own dropout / jitter key; their gradients add up to the whole batch's: the
     cross-entropy token-weighted over the whole batch, the routing losses averaged over the
-    micro-batches (each a mean over its own routing groups)."""
+    micro-batches (each a mean over its own routing groups).
+
+    ``loss_chunk``: tokens per chunk (per device) of the chunked cross-entropy (make_loss_fn;
+    the run field of that name), 0: the full-logits loss."""
     tx, layout, seed = s.tx, s.layout, s.seed
-    loss_fn = make_loss_fn(s, label_smoothing, teacher, distill_weight)
+    loss_fn = make_loss_fn(s, label_smoothing, teacher, distill_weight, loss_chunk)
 
     def train_step(state: state_lib.TrainState, batch, teacher_params=None):
         grad_fn = functools.partial(jax.grad(loss_fn, has_aux=True),

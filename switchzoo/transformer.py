@@ -16,16 +16,20 @@ from flax import nnx
 from switchzoo import config as config_lib
 from switchzoo import dims as dims_lib
 from switchzoo.config import ModelConfig
-from switchzoo.layers import (Attention, Embed, Init, Mlp, RelativePositionBias, RMSNorm,
-                              dropout, split)
+from switchzoo.layers import (MINIMAL_SAVED, Attention, Embed, Init, Mlp, RelativePositionBias,
+                              RMSNorm, attention_impl, dropout, split)
 from switchzoo.layout import constrain
 from switchzoo.moe import SwitchFFN
 
 # ModelConfig.remat -> the jax.checkpoint policy of each block (and scanned group): "full" saves
 # nothing and recomputes the block in the backward pass, "dots" saves the matmul outputs and
-# recomputes the rest (norms, activations, softmax, routing).
+# recomputes the rest (norms, activations, softmax, routing); "minimal" saves only the
+# projections (q, k, v, attention output, FFN and expert wi/wo) and the attention context,
+# tagged in layers.py (MINIMAL_SAVED): no scores or probabilities [B, H, T, S], no routing
+# masks [G, N, E, C], which "dots" keeps (they are matmul outputs too).
 REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
-                  "dots": jax.checkpoint_policies.dots_saveable}
+                  "dots": jax.checkpoint_policies.dots_saveable,
+                  "minimal": jax.checkpoint_policies.save_only_these_names(*MINIMAL_SAVED)}
 assert tuple(REMAT_POLICIES) == config_lib.REMAT
 
 
@@ -111,14 +115,17 @@ class Block(nnx.Module):
     feed-forward block; each pre-normed, each added to the residual stream."""
 
     def __init__(self, cfg: ModelConfig, index: int, cross: bool, rngs: nnx.Rngs,
-                 encoder: bool = False):
+                 encoder: bool = False, causal: bool = False):
         self.rate, self.has_cross = cfg.dropout, cross
         init = Init.of(cfg)
+        impl = attention_impl(cfg)
         self.attn_norm = RMSNorm(cfg.d_model)
-        self.attn = Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, rngs, init)
+        self.attn = Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, rngs, init, impl.name,
+                              causal, impl.strict)
         if cross:
             self.cross_norm = RMSNorm(cfg.d_model)
-            self.cross = Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, rngs, init)
+            self.cross = Attention(cfg.d_model, cfg.num_heads, cfg.d_kv, rngs, init, impl.name,
+                                   strict=impl.strict)
         self.ffn_norm = RMSNorm(cfg.d_model)
         sparse = cfg.moe is not None and cfg.moe.is_sparse(index, encoder)
         self.ffn = (SwitchFFN(cfg.d_model, cfg.d_ff, cfg.moe, rngs, cfg.activation, encoder,
@@ -137,13 +144,15 @@ class Block(nnx.Module):
             k_BHSK = jax.lax.dynamic_update_slice(cache["k"], k_BHSK, (0, 0, index, 0))
             v_BHSK = jax.lax.dynamic_update_slice(cache["v"], v_BHSK, (0, 0, index, 0))
             cache = {**cache, "k": k_BHSK, "v": v_BHSK}
-        h_BTD = self.attn.attend(h_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS, self.rate, r_attn)
+        fused = cache is None                   # decoding steps run the reference path
+        h_BTD = self.attn.attend(h_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS, self.rate, r_attn,
+                                 fused)
         x_BTD = x_BTD + dropout(h_BTD, self.rate, r1)
         if self.has_cross:
             kv = ((cache["cross_k"], cache["cross_v"]) if cache is not None
                   else self.cross.project_kv(enc_BSD))
-            h_BTD = self.cross.attend(self.cross_norm(x_BTD), *kv, 0.0, cross_mask_BTS,
-                                      self.rate, r_cross)
+            h_BTD = self.cross.attend(self.cross_norm(x_BTD), *kv, None, cross_mask_BTS,
+                                      self.rate, r_cross, fused)
             x_BTD = x_BTD + dropout(h_BTD, self.rate, r2)
         h_BTD = self.ffn_norm(x_BTD)
         if isinstance(self.ffn, SwitchFFN):      # padding (valid_BT false) is not routed
@@ -169,7 +178,7 @@ class Stack(nnx.Module):
         self.relpos = RelativePositionBias(cfg.relpos_buckets, cfg.relpos_max_distance,
                                            cfg.num_heads, bidirectional=not causal, rngs=rngs)
         # Built unrolled in both forms, so a scanned model starts from the same weights.
-        blocks = [Block(cfg, i, cross, rngs, encoder) for i in range(num_layers)]
+        blocks = [Block(cfg, i, cross, rngs, encoder, causal) for i in range(num_layers)]
         if cfg.scan_layers:
             self.period = scan_period(cfg, num_layers, encoder)
             self.scanned = nnx.List([_stacked(blocks[j::self.period])
@@ -188,7 +197,19 @@ class Stack(nnx.Module):
         with jax.named_scope("masks"):
             mask_BTS, cross_mask_BTS, k_pos_BS, cache = self._masks(
                 x_BTD, positions_BT, segments_BT, enc_segments_BS, cache, index)
-        bias_BHTS = self.relpos(positions_BT, k_pos_BS)
+        if cache is None:
+            # Training and evaluation: one bias [1, H, T, S] for all rows, from index positions
+            # (so its gradient sums over the batch before the gather's scatter-add). It equals
+            # the per-row bias of positions_BT wherever the mask lets a query see a key:
+            # positions are consecutive within each segment (as packing and _defaults give
+            # them), so key_pos - query_pos is the index difference there, and across segments
+            # and padding the mask removes the entry. Decoding keeps the per-row form. The cost:
+            # with the batch split over devices, that sum is an all-reduce of [H, T, S] per
+            # layer (the per-row form all-reduced only the [buckets, H] table's gradient).
+            idx_1T = jnp.arange(x_BTD.shape[1])[None]
+            bias_BHTS = self.relpos(idx_1T, idx_1T)
+        else:
+            bias_BHTS = self.relpos(positions_BT, k_pos_BS)
         keys = None if rng is None else jax.random.split(rng, self.num_layers + 2)
         x_BTD = dropout(x_BTD, self.cfg.dropout, None if keys is None else keys[0])
         shared = (bias_BHTS, mask_BTS, enc_BSD, cross_mask_BTS)
@@ -313,6 +334,15 @@ class _Head(nnx.Module):
             logits_BLV = constrain(logits_BLV, ("batch", "length", "vocab"))
         return logits_BLV.astype(jnp.float32)
 
+    def head_inputs(self, x_BLD):
+        """The output layer as (x_BLD, w_VD) with logits_BLV = x_BLD @ w_VD^T, for a loss that
+        makes the logits itself a chunk at a time (switchzoo.loss): tied, the final hidden
+        states scaled by d_model**-0.5 and the embedding; untied, lm_head transposed. w_VD is in
+        the parameters' dtype (the loss casts it to x's for its matmuls, as _logits does)."""
+        if self.cfg.tie_embeddings:
+            return x_BLD * self.cfg.d_model ** -0.5, self.embed.embedding[...]
+        return x_BLD, self.lm_head[...].T
+
     def decode(self, ids_BT, cache: dict, index, segments_BT=None, enc_segments_BS=None):
         """Logits of the next tokens given the cache; returns (logits [B, T, V], cache).
         The tokens sit at positions index .. index+T-1."""
@@ -333,13 +363,16 @@ class DecoderLM(_Head):
         self._init_head(cfg, rngs)
         self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=False, rngs=rngs)
 
-    def __call__(self, ids_BL, *, positions_BL=None, segments_BL=None, rng=None):
+    def __call__(self, ids_BL, *, positions_BL=None, segments_BL=None, rng=None,
+                 return_hidden=False):
         """Returns float32 logits [B, L, V] and the Switch losses/metrics (see ``_stack``).
-        ``rng`` None means evaluation (no dropout or jitter, the eval capacity factor)."""
+        ``rng`` None means evaluation (no dropout or jitter, the eval capacity factor).
+        ``return_hidden``: the final hidden states x_BLD in place of the logits (head_inputs)."""
         positions_BL, segments_BL = _defaults(ids_BL, positions_BL, segments_BL)
         x_BLD = self.embed(ids_BL, jnp.dtype(self.cfg.dtype))
         x_BLD, stats, _ = self.decoder(x_BLD, positions_BL, segments_BL, rng=rng)
-        return self._logits(x_BLD), _stack(stats, _reduction(self.cfg))
+        return (x_BLD if return_hidden else self._logits(x_BLD),
+                _stack(stats, _reduction(self.cfg)))
 
     def init_cache(self, batch: int, max_length: int) -> dict:
         return self.decoder.init_cache(batch, max_length)
@@ -362,9 +395,10 @@ class EncoderDecoder(_Head):
         return x_BSD, stats
 
     def __call__(self, src_BS, tgt_BT, *, src_positions=None, src_segments=None,
-                 tgt_positions=None, tgt_segments=None, rng=None):
+                 tgt_positions=None, tgt_segments=None, rng=None, return_hidden=False):
         """Source ids [B, S] and decoder input ids [B, T] (targets shifted right) -> float32
-        logits [B, T, V] and the Switch losses/metrics of both stacks."""
+        logits [B, T, V] (``return_hidden``: the decoder's final hidden states [B, T, D]) and
+        the Switch losses/metrics of both stacks."""
         r_enc, r_dec = split(rng, 2)
         src_positions, src_segments = _defaults(src_BS, src_positions, src_segments)
         tgt_positions, tgt_segments = _defaults(tgt_BT, tgt_positions, tgt_segments)
@@ -373,7 +407,8 @@ class EncoderDecoder(_Head):
         y_BTD = self.embed(tgt_BT, jnp.dtype(self.cfg.dtype))
         y_BTD, dec_stats, _ = self.decoder(y_BTD, tgt_positions, tgt_segments, enc_BSD,
                                            src_segments, rng=r_dec)
-        return self._logits(y_BTD), _stack(enc_stats + dec_stats, _reduction(self.cfg))
+        return (y_BTD if return_hidden else self._logits(y_BTD),
+                _stack(enc_stats + dec_stats, _reduction(self.cfg)))
 
     def init_cache(self, batch: int, max_length: int, enc_BSD) -> dict:
         return self.decoder.init_cache(batch, max_length, enc_BSD)

@@ -12,7 +12,8 @@ import dataclasses
 import math
 import re
 
-from switchzoo.config import BALANCE, INIT_DISTRIBUTIONS, LOSS_REDUCTIONS, REMAT, ROUTERS
+from switchzoo.config import (ATTENTION, BALANCE, INIT_DISTRIBUTIONS, LOSS_REDUCTIONS, REMAT,
+                              ROUTERS)
 from switchzoo.configs import base
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +59,13 @@ RANGES = {
     "router_learning_rate_scale": POSITIVE,
     "weight_decay": at_least(0),
     "label_smoothing": FRACTION,
+    "loss_chunk": at_least(0, " (0: the full-logits loss)"),
     "dropout": FRACTION,
     "data.vocab_size": at_least(32),
     "data.spm_max_sentences": at_least(1),
     "data.max_eval_examples": at_least(0, " (0: all)"),
     "data.embedded_max_pairs": at_least(0, " (0: all)"),
+    "data.prefetch": at_least(0, " (0: no read-ahead)"),
     "data.noise_density": Range(0, 1, open_low=True, open_high=True),
     "data.mean_noise_span_length": at_least(1),
     "eval.num_beams": at_least(1, " (1: greedy)"),
@@ -87,8 +90,9 @@ CHOICES = {
     "optimizer": ("adamw", "adafactor"),
     "dtype": ("float32", "bfloat16"),
     "remat": REMAT,
+    "attention": ATTENTION,
     "data.source": ("embedded", "files", "tfds"),
-    "moe.dispatch": ("auto", "einsum", "dropless"),
+    "moe.dispatch": ("auto", "einsum", "dropless", "index"),
     "moe.grouped_matmul": ("auto", "blocks", "ragged_dot"),
     "moe.router": ROUTERS,
     "moe.balance": BALANCE,
@@ -111,6 +115,8 @@ READERS = {
                       "task=span_corruption and data.source=embedded"),
     "weight_decay": (lambda c: c.optimizer == "adamw", "optimizer=adamw"),
     "distill.weight": (lambda c: bool(c.distill.teacher), "distill.teacher=DIR"),
+    "loss_chunk": (lambda c: not c.distill.teacher,
+                   "distill.teacher='' (distillation keeps the full logits)"),
     "moe.bias_rate": (lambda c: c.moe.balance == "bias", "moe.balance=bias"),
     "moe.noncausal_decoder": (lambda c: c.moe.router == "experts_choose",
                               "moe.router=experts_choose"),

@@ -26,11 +26,15 @@ def test_train_step_bench(tmp_path):
     r = run("train_step.py", "--d-model", "64", "--layers", "2", "--vocab", "512", "--batch",
             "8", "--length", "32", "--group-size", "32", "--repeats", "1", "--compiles", "1",
             tmp_path=tmp_path)
-    assert set(r["cases"]) == {f"{m}_{n}" for m in ("dense", "switch_einsum", "switch_dropless")
+    assert set(r["cases"]) == {f"{m}_{n}" for m in ("dense", "switch_index", "switch_einsum",
+                                                          "switch_dropless")
                                for n in (1, 8)}
     # The hand count (3 x forward matmul FLOPs) against XLA's own count of the dense step.
     assert 0.9 < r["hand_over_cost_analysis_flops"]["dense_1"] < 1.1
     assert 0.9 < r["hand_over_cost_analysis_flops"]["dense_8"] < 1.1
+    # The index dispatch executes fewer FLOPs than the one-hot einsums it replaces.
+    assert (r["cases"]["switch_index_1"]["flops_cost_analysis"]
+            < r["cases"]["switch_einsum_1"]["flops_cost_analysis"])
     assert r["machine"]["devices"] == 8 and r["matmul_peak_flops_per_s"] > 0
 
 

@@ -186,3 +186,29 @@ def test_auto_dispatch_is_dropless_only_where_nothing_can_drop():
     y_tight, stats = tight(x)
     np.testing.assert_allclose(y_tight, one_slot, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(stats["dropped_fraction"]), (~kept).mean(), rtol=1e-6)
+
+
+def test_auto_grouped_matmul_is_picked_by_the_compiled_flops(monkeypatch):
+    """"auto" reads XLA's FLOP count of a ragged_dot of the layer's shape: XLA:CPU expands it
+    into a dense dot over every expert (E x the real work), so auto takes the block loop; a
+    backend that compiles it to the real tokens' FLOPs gets ragged_dot."""
+    from switchzoo import dropless
+    assert jax.default_backend() == "cpu"
+    ratio = dropless.ragged_dot_cost(64, D, F, E)
+    assert E * 0.9 < ratio < E * 1.2, ratio
+    assert dropless.resolve("auto", 64, D, F, E) == "blocks"
+    assert dropless.resolve("ragged_dot", 64, D, F, E) == "ragged_dot"   # asked: kept
+
+    def hlo(ffn):
+        graphdef, state = nnx.split(ffn)
+        return jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[0]).lower(
+            state, jnp.ones((4, 8, D))).as_text()
+
+    _, auto = pair(impl="auto")
+    assert "while" in hlo(auto)                      # the block loop
+    real = lambda backend, rows, d_in, d_out, *_: 2.0 * rows * d_in * d_out   # noqa: E731
+    monkeypatch.setattr(dropless, "_ragged_dot_flops", real)
+    assert dropless.resolve("auto", 64, D, F, E) == "ragged_dot"
+    assert "while" not in hlo(auto)                  # ragged_dot (XLA:CPU: a masked dense dot)
+    monkeypatch.setattr(dropless, "_ragged_dot_flops", lambda *a: None)   # no count: by name
+    assert dropless.resolve("auto", 64, D, F, E) == "blocks"

@@ -1,6 +1,7 @@
 """Scanned layers and rematerialisation change how the model runs, never what it computes:
 oracles are the unrolled model on the same weights (moved between the forms by
 transformer.stack_layers / unstack_layers) and the step without rematerialisation."""
+import dataclasses
 import functools
 
 import jax
@@ -9,8 +10,9 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from jax._src.ad_checkpoint import saved_residuals
 
-from switchzoo import decoding, hf, state, steps, transformer, validate, zoo
+from switchzoo import decoding, hf, moe, state, steps, transformer, validate, zoo
 from switchzoo.config import ModelConfig
 from switchzoo.configs import base
 
@@ -56,7 +58,8 @@ def runs():
     """{(scan_layers, remat): (loss, logits, unrolled gradients, temp bytes)} of switch_tiny's
     forward + backward from the same weights, each compiled once."""
     unrolled, out = pure_params(TINY), {}
-    for scan, remat in ((False, "none"), (True, "none"), (True, "full"), (True, "dots")):
+    for scan, remat in ((False, "none"), (True, "none"), (True, "full"), (True, "dots"),
+                        (True, "minimal")):
         cfg = TINY.replace(scan_layers=scan, remat=remat)
         params = transformer.layers_as(unrolled, cfg)
         compiled = jax.jit(jax.value_and_grad(loss_and_logits(cfg), has_aux=True)).lower(
@@ -76,7 +79,7 @@ def test_scanned_layers_compute_the_unrolled_logits_and_gradients(runs):
     assert max_diff(grads, jax.tree.map(jnp.zeros_like, grads)) > 1e-3    # not all zero
 
 
-@pytest.mark.parametrize("remat", ["full", "dots"])
+@pytest.mark.parametrize("remat", ["full", "dots", "minimal"])
 def test_rematerialisation_gives_the_same_loss_and_gradients(runs, remat):
     loss, logits, grads, _ = runs[True, "none"]
     r_loss, r_logits, r_grads, _ = runs[True, remat]
@@ -85,7 +88,7 @@ def test_rematerialisation_gives_the_same_loss_and_gradients(runs, remat):
     assert max_diff(grads, r_grads) < 1e-6
 
 
-@pytest.mark.parametrize("remat", ["full", "dots"])
+@pytest.mark.parametrize("remat", ["full", "dots", "minimal"])
 def test_an_unrolled_stack_checkpoints_each_block_with_its_policy(remat):
     """Per block, the same jax.checkpoint as the scanned group (whose values are tested above);
     traced, not compiled."""
@@ -102,9 +105,10 @@ def test_rematerialisation_lowers_the_scanned_steps_temporaries(runs):
     # The scan's backward loop recomputes one group at a time. Unrolled, XLA:CPU compiles the
     # recomputation in but its temporaries stay as they were (also for a plain jax.checkpoint'd
     # chain of matmuls), so the claim is tested where the backend keeps it: docs/benchmarks.md.
-    none, full, dots = (runs[True, r][3] for r in ("none", "full", "dots"))
+    none, full, dots, minimal = (runs[True, r][3] for r in ("none", "full", "dots", "minimal"))
     assert full < 0.7 * none, (full, none)
     assert dots < none, (dots, none)
+    assert minimal < dots, (minimal, dots)
 
 
 @pytest.mark.parametrize("cfg", [TINY, ENC_DEC], ids=["decoder_only", "encoder_decoder"])
@@ -178,10 +182,10 @@ def test_an_unknown_remat_policy_is_a_one_line_error_naming_the_choices():
     config = base.get_base()
     config.remat = "everything"
     with pytest.raises(ValueError, match=r"^--config.remat='everything' is not one of none, "
-                                         r"full, dots$"):
+                                         r"full, dots, minimal$"):
         validate.check(config)
     with pytest.raises(ValueError, match=r"^remat='dot' is not a rematerialisation policy; use "
-                                         r"one of none, full, dots$"):
+                                         r"one of none, full, dots, minimal$"):
         TINY.replace(remat="dot")
 
 
@@ -190,3 +194,36 @@ def test_the_scanned_group_is_the_shortest_repeating_run_of_layers():
     assert transformer.scan_period(zoo.get("switch_c_2048"), 15, encoder=True) == 1
     assert transformer.scan_period(zoo.get("dense_tiny"), 4) == 1
     assert transformer.scan_period(TINY, 3) == 3                     # dense, sparse, dense
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_minimal_remat_saves_no_attention_scores_nor_routing_masks(scan):
+    """remat "minimal" keeps the projections and the attention context for the backward pass:
+    none of the [B, H, T, S] scores/probabilities (self and cross) and no [G, N, E, C] routing
+    mask (the einsum dispatch's) among the loss's saved residuals, which remat "none" saves.
+    Scanned, a residual has the groups' leading dim; the bias [1, H, T, S] (one per stack, an
+    input of every block) may stay."""
+    cfg = ENC_DEC.replace(scan_layers=scan, moe=dataclasses.replace(ENC_DEC.moe,
+                                                                    dispatch="einsum"))
+    B, S, T = 2, 48, 32
+    src = jnp.asarray(np.random.default_rng(0).integers(2, cfg.vocab_size, (B, S)), jnp.int32)
+    tgt = src[:, :T]
+    N = cfg.moe.group_size
+    attention = {(cfg.num_heads, t, s) for t, s in ((S, S), (T, T), (T, S))}
+    routing = {(moe.num_groups(B, L, N), N, cfg.moe.num_experts,
+                cfg.moe.capacity(N, train=True)) for L in (S, T)}
+
+    def forbidden(remat):
+        c = cfg.replace(remat=remat)
+        graphdef, params = nnx.split(transformer.build(c))
+
+        def loss(params):
+            logits, aux = nnx.merge(graphdef, params)(src, tgt, rng=jax.random.key(0))
+            return jnp.sum(logits) + aux["aux_loss"]
+        shapes = [tuple(aval.shape) for aval, _ in saved_residuals(loss, params)]
+        return ([s for s in shapes if len(s) >= 4 and s[-4] == B and s[-3:] in attention],
+                [s for s in shapes if len(s) >= 4 and s[-4:] in routing])
+    scores, masks = forbidden("minimal")
+    assert not scores and not masks, (scores, masks)
+    scores, masks = forbidden("none")
+    assert scores and masks            # what "minimal" leaves out

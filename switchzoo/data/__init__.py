@@ -2,6 +2,7 @@
 
     d = data.build(config.data, workdir, task="translation", batch_size=B, max_length=L, seed=S)
     batch = next(d.train)                  # packed [B, L] arrays; d.train.get_state() to save
+    d.train.close()                        # stops its read-ahead threads (cfg.prefetch)
     for batch in d.eval_batches(): ...     # unpacked, one example per row, finite
     d.tokenizer.decode(ids); d.eval_examples
 
@@ -52,6 +53,9 @@ def default_config() -> ml_collections.ConfigDict:
         embedded_max_pairs=0,       # 0 = all
         locale_dir="/usr/share/locale",  # embedded: this machine's catalogues add pairs
         info_dir="/usr/share/info",  # embedded span corruption: GNU manuals add running text
+        prefetch=2,                 # training batches read ahead, per batch shard, in a thread
+                                    # of its own, the next one placed on the devices during the
+                                    # step; 0: all in the training thread
     ))
 
 
@@ -147,6 +151,6 @@ def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
     featurize = spans or pipeline.featurizer(tok, task, max_length)
     train = (None if evaluating else
              pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed,
-                                     shards, local))
+                                     shards, local, cfg.get("prefetch", 0)))
     return Data(tok, train, corpus.eval, task, batch_size, max_length, corpus.description,
                 corpus.eval_split, spans)

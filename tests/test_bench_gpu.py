@@ -1,0 +1,82 @@
+"""bench/gpu.py --smoke: every case runs at toy sizes on CPU, each in its own process, and
+results.json holds each with status ok and the figures the GPU run is for. Timings are not
+checked (the machine is shared); an option another change has not landed yet may be
+recorded as unsupported, with the error that said so."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import gpu  # noqa: E402
+
+
+def parts(case: dict) -> dict:
+    return {k: v for k, v in case.items() if isinstance(v, dict) and "status" in v}
+
+
+@pytest.mark.timeout(1700)       # eleven processes, each compiling; ~2 min on an idle 2-core CPU
+def test_smoke_runs_every_case(tmp_path):
+    proc = subprocess.run([sys.executable, "bench/gpu.py", "--smoke", "--out", str(tmp_path),
+                           "--budget", "1500"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=1600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((tmp_path / "results.json").read_text())
+    cases = r["cases"]
+    assert list(cases) == list(gpu.LIMITS)
+    for name, case in cases.items():
+        assert case["status"] == "ok", (name, case.get("reason"))
+        for key, part in parts(case).items():
+            assert part["status"] in ("ok", "unsupported"), (name, key, part)
+            if part["status"] == "unsupported":
+                assert part["reason"], (name, key)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.json", "results.json"]
+
+    env = cases["environment"]
+    assert env["matmul_flops_per_s"]["bfloat16"] > 0 and env["hbm_bytes_per_s"]["read_write"] > 0
+    assert env["versions"]["jax"] and env["device"]["kind"]
+    attention = cases["attention"]
+    for impl in ("reference", "xla"):
+        if attention[impl]["status"] == "ok":
+            err = attention[impl]["max_abs_err"]
+            assert set(err) == {"logits", "grads", "bias_grad"}
+            assert err["logits"] < 0.1 * attention["config"]["max_abs_truth"]["logits"]
+    grouped = cases["grouped_matmul"]
+    for e in grouped["config"]["experts"]:       # XLA:CPU expands ragged_dot: E x the work
+        auto = grouped[f"experts_{e}_auto"]
+        assert auto["auto_picks"] == "blocks" and auto["ragged_dot_flops_over_real"] > e * 0.9
+        assert grouped[f"experts_{e}_ragged_dot"]["xla_over_real"] > e / 2
+    for name in [n for n in cases if n.startswith("train_")] + ["switch_base_8"]:
+        for key, part in parts(cases[name]).items():
+            if part["status"] == "ok":
+                assert part["step_s"] > 0 and part["flops_xla"] > 0 and part["memory"]
+                assert part["mfu_measured"] > 0 and part["mfu_spec"] is None   # a CPU
+    dense = cases["train_dense"]["remat_none"]
+    assert 0.8 < dense["xla_over_hand"] < 1.25, dense       # the hand count is XLA's
+    assert cases["switch_base_8"]["fits_without_remat"]
+    assert cases["profile"]["top_scopes"] and cases["profile"]["step_ms"] > 0
+    peer = cases["peer"]
+    assert peer["logits_fp32"]["ok"], peer["logits_fp32"]
+    assert peer["train_bf16"]["transformers_tokens_per_s"] > 0
+    assert r["summary"]["matmul_bf16_flops_per_s"] > 0
+
+
+def test_a_case_that_fails_or_runs_out_of_time_is_recorded(tmp_path, monkeypatch):
+    """The parent records a child's failure and its time limit, and moves on; a case with
+    no budget left is skipped, not started."""
+    monkeypatch.setattr(gpu, "LIMITS", {"environment": 1, "attention": 45, "peer": 90})
+    monkeypatch.setattr(gpu, "SMOKE_LIMIT", 1)
+    monkeypatch.setattr(gpu, "MIN_START", 0.6)
+    r = gpu.main(["--smoke", "--out", str(tmp_path), "--only", "environment,attention",
+                  "--budget", "1.5"])
+    assert r["cases"]["environment"]["status"] == "timeout"
+    assert r["cases"]["attention"]["status"] == "skipped"
+    assert json.loads((tmp_path / "results.json").read_text())["cases"] == r["cases"]
+    assert not list(tmp_path.glob(".case-*"))
+    assert gpu.status_of({"config": {}, "a": {"status": "ok"}, "b": {"status": "error"}}) == (
+        "error", "failed: b")
+    assert gpu.status_of({"a": {"status": "unsupported", "reason": "r"}}) == ("ok", None)
