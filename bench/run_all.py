@@ -23,6 +23,8 @@ BENCHES = {
     "peer": ("peer_series.py", [], ["--runs", "1", "--", "--quick"]),
     "decode": ("decode.py", [], ["--new", "16"]),
     "input_overlap": ("input_overlap.py", [], ["--quick"]),
+    "flops": ("flops.py", [], ["--batch", "8", "--length", "128"]),
+    "lm_step": ("lm_step.py", [], ["--repeats", "2"]),
     "pod": ("pod.py", [], ["--cases", "switch_tiny:8", "--length", "32"]),
 }
 

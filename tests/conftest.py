@@ -53,8 +53,8 @@ assert jax.device_count() == 8, "tests need 8 simulated devices: set XLA_FLAGS b
 # The longest tests start first: pytest-xdist's worksteal hands each worker a contiguous half
 # of the list and lets an idle worker take from the end of the other's, so a long test left
 # near the end would run alone while the other worker idles (the 2-process test: ~100 s).
-FIRST = ("test_multiprocess.py::test_two_processes", "test_reliability.py::test_sigkill",
-         "test_end_to_end.py::test_train_resume")
+FIRST = ("test_bench_gpu.py::test_smoke", "test_multiprocess.py::test_two_processes",
+         "test_reliability.py::test_sigkill", "test_end_to_end.py::test_train_resume")
 
 
 def pytest_collection_modifyitems(config, items):
