@@ -76,8 +76,12 @@ def expert_parallel():
     return L.Layout.create("batch:data+expert,experts:expert", "data:2,model:1,expert:4")
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("sharded", [False, True], ids=["1device", "dp_ep"])
+# Every case under expert parallelism; on one device the two routers (tokens- and
+# experts-choose), which the sharded cases then only re-lay out.
+@pytest.mark.parametrize("case, sharded", [(c, True) for c in CASES]
+                         + [("top1_train", False), ("experts_choose_train", False)],
+                         ids=[f"dp_ep-{c}" for c in CASES]
+                         + ["1device-top1_train", "1device-experts_choose_train"])
 def test_equals_einsum_dispatch_with_drops_and_padding(case, sharded, expert_parallel):
     kw, train = CASES[case]
     einsum, index = pair(**kw)
