@@ -6,7 +6,7 @@
 
 The command lives in switchzoo/commands/eval.py (installed as ``switchzoo-eval``).
 """
-from switchzoo import cli
+from switchzoo.commands import entry
 
 if __name__ == "__main__":
-    cli.evaluate()
+    entry.evaluate()

@@ -4,7 +4,7 @@
 
 The command lives in switchzoo/commands/train.py (installed as ``switchzoo-train``).
 """
-from switchzoo import cli
+from switchzoo.commands import entry
 
 if __name__ == "__main__":
-    cli.train()
+    entry.train()

@@ -18,14 +18,20 @@ def get_base() -> ml_collections.ConfigDict:
     c.eval_every_steps = 500
     c.checkpoint_every_steps = 500
     c.keep_checkpoints = 3
+    # A resumed run's controls (switchzoo.record, switchzoo.resume), acting once, never saved:
+    c.restore_step = config_dict.placeholder(int)   # resume from this checkpoint, not the
+                                                    # newest (newer ones are set aside, kept)
+    c.allow_changes = False               # resume with changed training settings, recorded
+                                          # in config.json's "changes" at the resumed step
     c.per_device_batch_size = 16
     c.max_length = 128
     c.grad_accum_steps = 1
     c.optimizer = "adafactor"             # "adafactor" (T5/Switch) or "adamw"
     c.learning_rate = 0.01
     c.warmup_steps = 1000
-    c.schedule = "rsqrt"                  # T5's: learning_rate * sqrt(warmup / max(step,
-                                          # warmup)); "linear_rsqrt": a linear ramp to it
+    c.schedule = "rsqrt"                  # T5's shape: learning_rate * sqrt(warmup / max(step,
+                                          # warmup)); T5's own constants: 0.01 and 10,000
+                                          # (configs/c4.py); "linear_rsqrt": a linear ramp to it
     c.weight_decay = 0.0
     c.router_learning_rate_scale = 1.0    # multiplies the routers' updates (off: 1.0)
     c.label_smoothing = 0.0
@@ -65,8 +71,9 @@ def get_base() -> ml_collections.ConfigDict:
     c.moe.balance = config_dict.placeholder(str)      # aux_loss | bias (DeepSeek-V3)
     c.moe.bias_rate = config_dict.placeholder(float)  # bias balancing: step of the bias
     c.moe.num_shared_experts = config_dict.placeholder(int)  # DeepSeekMoE shared experts
-    c.moe.loss_reduction = config_dict.placeholder(str)  # routing losses over layers: sum | mean
+    c.moe.loss_reduction = config_dict.placeholder(str)  # routing losses over layers: sum | mean | pooled
     c.moe.gates_sum_to_one = config_dict.placeholder(bool)  # upcycling's renormalised gates
+    c.moe.straight_through_steps = config_dict.placeholder(int)  # 0 off, N first N, -1 all
     c.data = data.default_config()
     c.eval = ml_collections.ConfigDict()
     c.eval.num_beams = 4

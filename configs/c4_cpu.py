@@ -2,7 +2,8 @@
 
 configs/c4.py's span-corruption recipe scaled to one CPU, for experiments/switch_vs_dense.py
 and experiments/routing_family.py: the CPU-sized t5_cpu / switch_cpu_{8,16,32} (d_model 128, 4+4
-layers), inputs 128 and targets 29, 8 sequences per step, 3,000 steps with 300 warm-up steps,
+layers), inputs 128 and targets 29, 8 sequences per step, 3,000 steps with the rsqrt schedule's
+k at 300 (T5's shape; T5's own k, configs/c4.py's, is 10,000),
 evaluated every 250 on up to 1,000 held-out documents. Text: the English side of the embedded
 corpus by default; real prose with --config.data.source=files --config.data.train_files=docs.txt
 (python experiments/english_text.py --out docs.txt: gettext messages and the GNU manuals).

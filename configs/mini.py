@@ -2,8 +2,10 @@
 
 Minutes-long CPU runs of the tiny catalogue models: a language model on the English side of the
 embedded corpus, every model trained with the same data, steps and batch, so validation losses
-compare at equal steps (the mini tables, python -m switchzoo.tables --list, read the longer
-studies of experiments/lm_claims.py and experiments/mtf_tables.py instead). For example:
+compare at equal steps. The tiny models are in no table: a mini table's rows (python -m
+switchzoo.tables --list) are runs of configs/lm_cpu.py (the LM tables: model=dense_lm_cpu,
+switch_lm_cpu_8, ...) or configs/demo.py (mtf_table3_wmt_mini), and `python eval.py
+--table=NAME` without --runs prints the command that trains them. For example:
 
     for m in switch_tiny dense_tiny; do
       python train.py --config=configs/mini.py:model=$m --workdir=runs/mini_$m &&

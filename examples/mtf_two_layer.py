@@ -4,15 +4,17 @@ Shazeer et al. 2018 (arXiv 1811.02084), section 3 and figures 2-4. The paper's `
 is our ``d_model`` and its ``hidden`` is our ``d_ff``. Each layout is one layout string; the same
 program runs under all three, and the figures show which of 4 devices holds which block.
 
-    python examples/mtf_two_layer.py [--out docs/figures]
+    python examples/mtf_two_layer.py [--out out/figures]
 
-writes docs/figures/two_layer_<layout>_<tensor>.png (15 figures).
+writes <out>/two_layer_<layout>_<tensor>.png (15 figures; a file whose bytes would not change is
+left alone). The committed ones are docs/figures/: --out docs/figures replaces them.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import pathlib
+import tempfile
 
 if __name__ == "__main__":
     # A CPU host has one device unless told otherwise; only set this when run as a script, so
@@ -98,16 +100,22 @@ def owners(name: str, devices=None) -> dict[str, dict[tuple, list[int]]]:
 
 
 def draw(name: str, tensor: str, out_dir, devices=None) -> pathlib.Path:
+    """out_dir/two_layer_<name>_<tensor>.png, replaced only when its bytes change."""
     _, layout, figure = LAYOUTS[name]
     path = pathlib.Path(out_dir) / f"two_layer_{name}_{tensor}.png"
-    inspector.draw(shardings(name, devices)[tensor], shape(tensor), TENSORS[tensor],
-                   f"{figure} ({layout}): {tensor}", str(path))
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        new = pathlib.Path(tmp) / path.name
+        inspector.draw(shardings(name, devices)[tensor], shape(tensor), TENSORS[tensor],
+                       f"{figure} ({layout}): {tensor}", str(new))
+        if not path.is_file() or path.read_bytes() != new.read_bytes():
+            os.replace(new, path)
     return path
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="docs/figures", help="directory for the PNGs")
+    parser.add_argument("--out", default="out/figures",
+                        help="directory for the PNGs (docs/figures: the committed ones)")
     args = parser.parse_args(argv)
     if jax.device_count() < NUM_DEVICES:
         raise SystemExit(f"needs {NUM_DEVICES} devices, found {jax.device_count()}; set "

@@ -11,8 +11,11 @@ read). ``collect`` reads every workdir's metrics.jsonl into one result: every ev
 routing diagnostics of the last training interval (expert loads, dropped tokens, router entropy /
 confidence / logit std and their curves), tokens seen, seconds, seed, parameters, the commit
 each run last started from, the report's commit and the machine (CPU model and ISA); ``write``
-stores it as docs/<name>.json and plots docs/figures/<name>.png. Studies are scripts
-(experiments/*.py), never tests; tests/test_harness.py runs two tiny runs through this.
+stores it beside the runs (--out/<name>.json, --out/figures/<name>.png), and only with
+--publish as the published docs/<name>.json and docs/figures/<name>.png. The arithmetic the
+studies judge with is verdicts.py (and switchzoo.noise), the plots plots.py, the Markdown
+tables report.py. Studies are scripts (experiments/*.py), never tests; tests/test_harness.py
+runs two tiny runs through this.
 """
 from __future__ import annotations
 
@@ -29,10 +32,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import machine  # noqa: E402
-from switchzoo import atomic, zoo  # noqa: E402
+sys.path.insert(0, str(ROOT / "experiments"))
 
-ROUTING = ("router_confidence", "router_entropy", "router_logit_std")
+from common import machine  # noqa: E402
+from plots import ROUTING, plot_curves, plot_router_curves  # noqa: E402,F401 (the studies')
+from study_report import COLUMNS, markdown, signed  # noqa: E402,F401
+from switchzoo import atomic, metrics, zoo  # noqa: E402
+from verdicts import against_baselines, mean_curve, reach_step, seed_spread  # noqa: E402,F401
+
+DOCS = ROOT / "docs"                   # the published results
 
 
 @dataclasses.dataclass
@@ -51,7 +59,7 @@ class Run:
 
 @dataclasses.dataclass
 class Study:
-    name: str                          # docs/<name>.json, docs/figures/<name>.png
+    name: str                          # <name>.json, figures/<name>.png (write)
     config: str                        # a run config under configs/, e.g. "configs/lm_cpu.py"
     runs: Sequence[Run]
     steps: int
@@ -61,7 +69,6 @@ class Study:
     checkpoint_every: int | None = None    # None: eval_every
     vocab: pathlib.Path | None = None  # a tokenizer.model every run reads (None: the first
                                        # run trains one and the others read it)
-    docs: pathlib.Path = ROOT / "docs"
 
     def get(self, name: str) -> Run:
         return next(r for r in self.runs if r.name == name)
@@ -77,8 +84,7 @@ def rows(workdir: pathlib.Path, split: str) -> list[dict]:
     if not path.is_file():
         return []
     by_step = {}
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
+    for r in metrics.read_rows(path):       # without a last line a crash cut
         if r["split"] == split:
             by_step[r["step"]] = r
     return [by_step[s] for s in sorted(by_step)]
@@ -163,17 +169,6 @@ def evaluate(study: Study, out: pathlib.Path, log=print) -> None:
         subprocess.run(cmd, check=True)
 
 
-def reach_step(curve: Sequence[tuple[int, float]], target: float) -> float | None:
-    """The first step at which ``curve`` (step, loss) reaches ``target``, linearly interpolated
-    between evaluations; None if it never does."""
-    for (s0, l0), (s1, l1) in zip([(0, float("inf"))] + list(curve), curve):
-        if l1 <= target:
-            if l0 == float("inf"):
-                return float(s1)
-            return s0 + (l0 - target) / (l0 - l1) * (s1 - s0)
-    return None
-
-
 def _average(values: list):
     """The element-wise mean of equally nested lists (or of numbers), to 4 decimals."""
     if isinstance(values[0], list):
@@ -248,171 +243,75 @@ def collect(study: Study, out: pathlib.Path, command_line: str, **about) -> dict
         s = summarise(study, r, out, seconds) if r.report else None
         if s is not None:
             runs[r.name] = s
-    for name, s in runs.items():
-        base = runs.get(s["baseline"]) if s["baseline"] else None
-        if base is None or s["baseline"] == name:
-            continue
-        reached = reach_step(list(zip(s["steps"], s["eval_loss"])), base["final_eval_loss"])
-        s["steps_to_baseline_final_loss"] = None if reached is None else round(reached)
-        s["fraction_of_baseline_steps"] = (None if reached is None
-                                           else round(reached / base["steps"][-1], 3))
-        s["eval_loss_minus_baseline"] = round(s["final_eval_loss"] - base["final_eval_loss"], 4)
+    against_baselines(runs)
     return {"study": study.name, "command": command_line, "commit": commit(),
             "machine": machine(),
             "config": study.config, "flags": list(study.flags), "steps": study.steps,
             "eval_every": study.eval_every, **about, "runs": runs}
 
 
-def command_line(script: str, args, skip: Sequence[str] = ("report",)) -> str:
+def command_line(script: str, args, skip: Sequence[str] = ("report", "publish")) -> str:
     """The command that reproduces a study: experiments/<script> with every flag of ``args``
-    (argparse's namespace) but ``skip``; paths in the clone relative to it."""
+    (argparse's namespace) but ``skip`` and those left unset (None); paths in the clone
+    relative to it."""
     def word(value) -> str:
         if isinstance(value, pathlib.Path) and value.is_relative_to(ROOT):
             return str(value.relative_to(ROOT))
         return " ".join(map(word, value)) if isinstance(value, (list, tuple)) else str(value)
     return " ".join([f"python experiments/{script}"] + [
         f"--{key.replace('_', '-')} {word(value)}" for key, value in sorted(vars(args).items())
-        if key not in skip])
+        if key not in skip and value is not None])
 
 
-def markdown(result: dict, columns: Sequence[tuple[str, Callable[[str, dict], object]]]) -> str:
-    """The study's runs as a Markdown table, a row per run: ``columns`` are (header,
-    cell(name, summary)); a cell of None prints as a dash."""
-    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
-    for name, r in result["runs"].items():
-        cells = (cell(name, r) for _, cell in columns)
-        lines.append("| " + " | ".join("—" if c is None else str(c) for c in cells) + " |")
-    return "\n".join(lines)
+def publish_argument(p) -> None:
+    """--publish: the flag every study script takes (argparse parser ``p``)."""
+    p.add_argument("--publish", action="store_true",
+                   help="write the published result, docs/NAME.json and docs/figures/NAME.png "
+                        "(default: the run directory, --out/NAME.json and --out/figures/)")
 
 
-def _reach(r: dict) -> str | None:
-    if "steps_to_baseline_final_loss" not in r:
-        return None
-    frac = r["fraction_of_baseline_steps"]
-    return "not reached" if frac is None else f"{r['steps_to_baseline_final_loss']} ({frac:.2f})"
-
-
-def signed(value, sign: float = 1.0) -> str | None:
-    return None if value is None else f"{sign * value:+.4f}"
-
-
-# The columns the studies share (harness.markdown's): the summaries' keys, formatted one way.
-COLUMNS = {
-    "run": ("run", lambda n, r: n + ("" if r.get("finished", True) else " (unfinished)")),
-    "model": ("model", lambda n, r: r["model"]),
-    "params": ("params", lambda n, r: f"{r['parameters'] / 1e6:.2f}M"),
-    "seed": ("seed", lambda n, r: r["seed"]),
-    "tokens": ("tokens", lambda n, r: f"{r['tokens_seen'] / 1e6:.1f}M"),
-    "loss": ("final held-out loss", lambda n, r: f"{r['final_eval_loss']:.4f}"),
-    "neg_log_perp": ("eval neg. log perp. (↑)", lambda n, r: f"{-r['final_eval_loss']:.4f}"),
-    "vs_baseline": ("vs baseline", lambda n, r: signed(r.get("eval_loss_minus_baseline"))),
-    "reach": ("steps to baseline's final loss", lambda n, r: _reach(r)),
-    "accuracy": ("eval accuracy", lambda n, r: r["final_accuracy"]),
-    "train_ce": ("train CE, last interval",
-                 lambda n, r: r["train_cross_entropy_last_interval"]),
-    "load": ("max/mean expert load (eval)",
-             lambda n, r: r.get("max_over_mean_expert_load_eval")),
-    "tokens_per_sec": ("tokens/s", lambda n, r: round(r["tokens_per_sec"])
-                       if r.get("tokens_per_sec") else None),
-}
-
-
-def seed_spread(result: dict, names: Sequence[str]) -> dict | None:
-    """Mean and spread (max - min) of the final eval loss over runs that differ by seed."""
-    losses = [result["runs"][n]["final_eval_loss"] for n in names if n in result["runs"]]
-    if len(losses) < 2:
-        return None
-    return {"runs": list(names), "mean": round(statistics.fmean(losses), 4),
-            "spread": round(max(losses) - min(losses), 4)}
-
-
-def mean_curve(result: dict, names: Sequence[str]) -> list[tuple[int, float]]:
-    """The step-wise mean eval curve of runs that differ by seed (their common steps)."""
-    curves = [dict(zip(result["runs"][n]["steps"], result["runs"][n]["eval_loss"]))
-              for n in names if n in result["runs"]]
-    common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
-    return [(s, statistics.fmean(c[s] for c in curves)) for s in common]
-
-
-def write(result: dict, docs: pathlib.Path, plot: Callable | None = None,
-          path: pathlib.Path | None = None, figure: pathlib.Path | None = None,
-          log=print) -> pathlib.Path | None:
-    """docs/<study>.json (or ``path``) and, with ``plot(result, figure)``,
-    docs/figures/<study>.png (or ``figure``). A result with no runs writes nothing (a report
-    before anything ran must not replace published results)."""
-    if not result["runs"]:
-        log(f"no run of {result['study']} has been evaluated yet: nothing written")
-        return None
-    path = path or docs / f"{result['study']}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    if plot is not None:
-        figure = figure or docs / "figures" / f"{result['study']}.png"
-        figure.parent.mkdir(parents=True, exist_ok=True)
-        plot(result, figure)
+def unpublished(path: pathlib.Path, publish: bool, docs: pathlib.Path = DOCS) -> pathlib.Path:
+    """``path``, unless it is under docs/ (a published result) and ``publish`` is off: then
+    SystemExit with one line."""
+    if not publish and pathlib.Path(path).resolve().is_relative_to(pathlib.Path(docs).resolve()):
+        raise SystemExit(f"error: {path} is a published result; pass --publish to replace it, "
+                         "or leave it out to write beside the runs")
     return path
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+def write(result: dict, out: pathlib.Path, plot: Callable | None = None, publish: bool = False,
+          path: pathlib.Path | None = None, figure: pathlib.Path | None = None,
+          docs: pathlib.Path = DOCS, log=print) -> pathlib.Path | None:
+    """The study's JSON and, with ``plot(result, figure)``, its figure: beside its runs
+    (out/<study>.json, out/figures/<study>.png), or with ``publish`` the published result
+    (docs/<study>.json, docs/figures/<study>.png); ``path`` / ``figure`` name other files. A
+    file under docs/ is written only with ``publish``: a short or partial run must not replace
+    a study's published result unless asked (SystemExit with one line otherwise). A result
+    with no runs writes nothing."""
+    if not result["runs"]:
+        log(f"no run of {result['study']} has been evaluated yet: nothing written")
+        return None
+    where = docs if publish else out
+    path = path or where / f"{result['study']}.json"
+    figure = None if plot is None else figure or where / "figures" / f"{result['study']}.png"
+    for f in (path, figure):
+        if f is not None:
+            unpublished(f, publish, docs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    if figure is not None:
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        plot(result, figure)
+    log(f"wrote {path}" + ("" if publish else
+                           f" (docs/{result['study']}.json is left as it is; --publish "
+                           "replaces it)"))
+    return path
 
 
-def plot_curves(result: dict, path: pathlib.Path, groups: dict[str, Sequence[str]] | None = None,
-                ylabel: str = "held-out loss (nats per token, lower is better)",
-                offsets: dict[str, int] | None = None,
-                xlabel: str = "training step") -> None:
-    """Eval loss against step, one panel per group of runs (default: every run in one);
-    ``offsets``: steps added to a run's (a continuation drawn from the step it starts at)."""
-    plt = _pyplot()
-    groups = groups or {result["study"]: list(result["runs"])}
-    groups = {t: [n for n in names if n in result["runs"]] for t, names in groups.items()}
-    groups = {t: names for t, names in groups.items() if names}
-    offsets = offsets or {}
-    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), squeeze=False)
-    for ax, (title, names) in zip(axes[0], groups.items()):
-        for i, name in enumerate(names):
-            r = result["runs"][name]
-            ax.plot([s + offsets.get(name, 0) for s in r["steps"]], r["eval_loss"], marker="o",
-                    ms=2.5, lw=1.2, color=f"C{i % 10}",
-                    ls="--" if r["model"].startswith(("dense", "t5")) else "-",
-                    label=f"{name} ({r['final_eval_loss']:.3f})")
-        finals = [result["runs"][n]["final_eval_loss"] for n in names]
-        ax.set_ylim(min(finals) - 0.1, min(finals) + 1.0)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_router_curves(result: dict, path: pathlib.Path) -> bool:
-    """Router entropy, confidence (mean top probability) and logit std against step, per run
-    and Switch layer: how far routing has left uniform. False (and no file) without routed
-    runs."""
-    curves = {n: r["router_curves"] for n, r in result["runs"].items()
-              if r.get("router_curves") and r["router_curves"]["router_entropy"][-1]}
-    if not curves:
+def missing_corpus(corpus: pathlib.Path | None) -> bool:
+    """True (after one line on stderr) where ``corpus`` holds no train.txt."""
+    if corpus is not None and (pathlib.Path(corpus) / "train.txt").is_file():
         return False
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(ROUTING), figsize=(14, 3.8))
-    for ax, key in zip(axes, ROUTING):
-        for i, (name, c) in enumerate(curves.items()):
-            logged = [(s, v) for s, v in zip(c["step"], c[key]) if v is not None]
-            for layer in range(len(logged[-1][1])):
-                ax.plot([s for s, _ in logged], [v[layer] for _, v in logged],
-                        color=f"C{i % 10}", lw=1, ls=("-", "--", ":", "-.")[layer % 4],
-                        label=f"{name}, Switch layer {layer}")
-        ax.set_title(key, fontsize=9)
-        ax.set_xlabel("training step")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    print(f"error: no {corpus}/train.txt; build it with python -m switchzoo.data.english "
+          f"--out {corpus or 'CORPUS'} and pass --corpus", file=sys.stderr)
     return True

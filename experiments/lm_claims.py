@@ -7,7 +7,8 @@
 The Switch paper's claims (Fedus et al. 2021, Figure 4 and Table 1) in miniature: at equal FLOPs
 per token a Switch model reaches a dense model's quality in fewer steps, more experts do better,
 top-1 holds its own against top-2. Every run trains configs/lm_cpu.py (the paper's recipe:
-Adafactor per expert, T5's rsqrt schedule, 0.1x truncated-normal init, no dropout, aux loss 0.01)
+Adafactor per expert, the rsqrt schedule in T5's shape with warm-up --warmup (250; T5's own
+constants are --warmup 10000), 0.1x truncated-normal init, no dropout, aux loss 0.01)
 on the same English prose (python -m switchzoo.data.english), the same vocabulary (4,000
 SentencePiece pieces, trained by the first run), 32 x 128 tokens per step for --steps steps:
 dense_lm_cpu has 443k non-embedding parameters, so 2,400 steps are ~9.6M tokens, ~22 tokens per
@@ -20,14 +21,17 @@ gap can be read against seed noise (switch_16_s1 and switch_32_s1 add second see
     dense         dense_lm_cpu            d_model 96, 4 layers, ReLU FFN 384, tied, 849k params
     switch_8/16/32 switch_lm_cpu_{8,16,32} every other FFN a top-1 Switch layer (cf 1.25)
     switch_8_every switch_lm_cpu_8_every  every FFN a Switch layer (8 experts; Switch-C's layout)
-    top2_8        switch_lm_cpu_8, top-2  (Table 1's MoE-Base: twice the expert FLOPs)
+    top2_8        switch_lm_cpu_8, top-2  (Table 1's MoE-Base: top-1's expert slots, so at
+                                          most 1.25 served picks a token; it drops ~34%)
     dense_wide    dense_lm_cpu_wide       switch_8's total parameters as dense FFNs (upper bound)
     *_cf1.0 / *_cf2.0                     Table 1's other capacity factors (top-1 and top-2)
     dense_long, switch_8_long             dense and switch_8 continued to 4,800 steps (~3.1
                                           epochs): the speed-up at twice the budget
 
-Writes --out/<run>/ (train.py workdirs; run again to continue), docs/lm_claims.json and
-docs/figures/lm_claims.png; ``eval.py --table=switch_table1_mini`` prints the mini Table 1.
+Writes --out/<run>/ (train.py workdirs; run again to continue), --out/lm_claims.json and
+--out/figures/lm_claims.png; with --publish the published docs/lm_claims.json and
+docs/figures/lm_claims.png instead. ``eval.py --table=switch_table1_mini`` prints the mini
+Table 1. Every comparison is judged by the one seed-noise rule (switchzoo.noise).
 """
 from __future__ import annotations
 
@@ -42,7 +46,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import harness  # noqa: E402
+import verdicts  # noqa: E402
 from harness import Run  # noqa: E402
+from switchzoo import noise  # noqa: E402
 
 TOP2 = ("--config.moe.top_k=2",)
 
@@ -53,7 +59,7 @@ def cf(x: float) -> tuple[str]:
 
 def continues(source: str) -> Callable:
     """A Run.before hook: the run starts as a copy of the finished run ``source`` (checkpoints,
-    curves) and trains on to its own steps. T5's rsqrt schedule and the data order do not depend
+    curves) and trains on to its own steps. The rsqrt schedule and the data order do not depend
     on the total steps and train.py resumes bitwise, so this is the longer run from scratch."""
     def before(study: harness.Study, run: Run, out: pathlib.Path) -> list[str]:
         if not (out / run.name).exists():
@@ -127,31 +133,35 @@ def corpus_about(corpus: pathlib.Path, tokenizer: pathlib.Path) -> dict:
     return about
 
 
+TOP2_PAIRS = {"1.0": ("top2_8_cf1.0", "switch_8_cf1.0"), "1.25": ("top2_8", "switch_8"),
+              "2.0": ("top2_8_cf2.0", "switch_8_cf2.0")}       # capacity: (top-2, top-1)
+
+
 def claims(result: dict) -> dict:
     """The study's goals, each as holds / fails with its margin, from finished runs only (a goal
-    whose runs have not finished is left out)."""
+    whose runs have not finished is left out). Every comparison of final losses is judged by the
+    one seed-noise rule (switchzoo.noise, verdicts.compare): like for like over the seeds both
+    runs have, the same-seed gaps' spread as the noise where two or more seeds ran, else the
+    study's reference spread (the largest seed spread of one model). Top-2 results carry the
+    dropped fraction of their picks in training beside them (the slots are top-1's)."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
     result = {**result, "runs": runs}
-    out = {}
-    spread = harness.seed_spread(result, ["dense", "dense_s1"])
-    spread8 = harness.seed_spread(result, ["switch_8", "switch_8_s1"])
-    out["seed_spread"] = {"dense": spread, "switch_8": spread8}
-    noise = max((s["spread"] for s in (spread, spread8) if s), default=None)
+    ref = verdicts.reference(result)
+    out = {"noise_rule": noise.RULE, "reference_spread": None if ref is None else round(ref, 4),
+           "seed_spread": {"dense": verdicts.seed_spread(result, ["dense", "dense_s1"]),
+                           "switch_8": verdicts.seed_spread(result, ["switch_8", "switch_8_s1"])}}
     if "dense" in runs and "switch_8" in runs:
         pairs = [(s, d) for s, d in (("switch_8", "dense"), ("switch_8_s1", "dense_s1"))
                  if s in runs and d in runs]
         fractions = [runs[s]["fraction_of_baseline_steps"] for s, _ in pairs]
-        gaps = [runs[d]["final_eval_loss"] - runs[s]["final_eval_loss"] for s, d in pairs]
-        mean_gap = sum(gaps) / len(gaps)
         out["switch_8_speedup"] = {
             "goal": "switch_8 reaches dense's final held-out loss in <= 2/3 of dense's steps",
             "fraction_of_dense_steps": fractions,
             "holds": all(f is not None and f <= 2 / 3 for f in fractions)}
+        c = verdicts.compare(result, "switch_8", "dense", ref)
         out["switch_8_beyond_noise"] = {
-            "goal": "dense - switch_8 final loss > 2 x the seed spread",
-            "gap_per_seed": [round(g, 4) for g in gaps], "mean_gap": round(mean_gap, 4),
-            "seed_spread": noise,
-            "holds": None if noise is None else mean_gap > 2 * noise}
+            "goal": "switch_8 ends below dense, beyond seed noise (the noise rule)", **c,
+            "holds": None if c["beyond_noise"] is None else c["better"] and c["beyond_noise"]}
     if "dense_long" in runs and "switch_8_long" in runs:
         long = runs["switch_8_long"]
         out["switch_8_speedup_long"] = {
@@ -163,21 +173,29 @@ def claims(result: dict) -> dict:
                       and long["fraction_of_baseline_steps"] <= 2 / 3)}
     series = [n for n in ("dense", "switch_8", "switch_16", "switch_32") if n in runs]
     if len(series) >= 3:
-        def mean(n):       # over the seeds run for this rung (the seed-1 run, where finished)
-            seeds = [runs[m]["final_eval_loss"] for m in (n, f"{n}_s1") if m in runs]
-            return round(sum(seeds) / len(seeds), 4)
-        losses = [mean(n) for n in series]
+        steps = [verdicts.compare(result, b, a, ref) for a, b in zip(series, series[1:])]
         out["more_experts_help"] = {
-            "goal": "final held-out loss falls with experts (Figure 4)", "runs": series,
-            "seeds": {n: [m for m in (n, f"{n}_s1") if m in runs] for n in series},
-            "final_eval_loss": losses,
-            "margins": [round(a - b, 4) for a, b in zip(losses, losses[1:])],
-            "holds": all(a > b for a, b in zip(losses, losses[1:]))}
+            "goal": "final held-out loss falls with each doubling of experts (Figure 4)",
+            "runs": series, "steps": steps,
+            "holds": all(c["better"] for c in steps),
+            "beyond_noise": [c["beyond_noise"] for c in steps]}
     if "dense_wide" in runs and "switch_8" in runs:
         out["dense_upper_bound"] = {
             "goal": "switch_8 between dense and the dense model of its total parameters",
             "dense_wide_minus_switch_8": round(runs["dense_wide"]["final_eval_loss"]
-                                               - runs["switch_8"]["final_eval_loss"], 4)}
+                                               - runs["switch_8"]["final_eval_loss"], 4),
+            "against_dense_wide": {n: verdicts.compare(result, n, "dense_wide", ref)
+                                   for n in ("switch_8", "switch_16", "switch_32") if n in runs}}
+    top2 = {}
+    for capacity, (k2, k1) in TOP2_PAIRS.items():
+        if k2 in runs and k1 in runs:
+            c = verdicts.compare(result, k1, k2, ref)
+            top2[capacity] = {**c, "dropped_fraction_train": {
+                k2: verdicts.dropped(runs[k2]), k1: verdicts.dropped(runs[k1])}}
+    if top2:
+        out["top1_beats_top2"] = {
+            "goal": "top-1 ends below top-2 at the same capacity factor (Table 1; the same "
+                    "expert slots, so top-2 drops more of its picks)", "by_capacity": top2}
     return out
 
 
@@ -208,25 +226,22 @@ def arguments(p: argparse.ArgumentParser, name: str, runs: list[Run], default: l
     p.add_argument("--runs", nargs="+", default=default, choices=[r.name for r in runs])
     p.add_argument("--steps", type=int, default=2400)
     p.add_argument("--eval-every", type=int, default=200)
-    p.add_argument("--warmup", type=int, default=250)
+    p.add_argument("--warmup", type=int, default=250,
+                   help="k of the rsqrt schedule, lr x sqrt(k / max(step, k)): T5's shape; "
+                        "T5's own constants are --warmup 10000 (with lr 0.01: 1/sqrt(max(step, "
+                        "1e4)), constant over a CPU budget)")
     p.add_argument("--eval-examples", type=int, default=2000)
-    p.add_argument("--name", default=name, help="docs/NAME.json, docs/figures/NAME.png")
+    p.add_argument("--name", default=name, help="NAME.json, figures/NAME.png (--out, or docs/ "
+                                                "with --publish)")
     p.add_argument("--report", action="store_true", help="only collect what has run")
-
-
-def missing_corpus(corpus: pathlib.Path) -> bool:
-    if (corpus / "train.txt").is_file():
-        return False
-    print(f"error: no {corpus}/train.txt; build it with python -m switchzoo.data.english "
-          f"--out {corpus}", file=sys.stderr)
-    return True
+    harness.publish_argument(p)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     arguments(p, "lm_claims", RUNS, MAIN)
     args = p.parse_args(argv)
-    if missing_corpus(args.corpus):
+    if harness.missing_corpus(args.corpus):
         return 2
     s = study(args)
     if not args.report:
@@ -249,7 +264,7 @@ def main(argv=None) -> int:
         if train_tokens:
             result["epochs"] = round(result["runs"]["dense"]["tokens_seen"] / train_tokens, 2)
     result["claims"] = claims(result)
-    harness.write(result, ROOT / "docs", plot)
+    harness.write(result, args.out, plot, publish=args.publish)
     print(markdown(result))
     print(json.dumps(result["claims"], indent=1))
     return 0

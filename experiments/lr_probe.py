@@ -4,11 +4,12 @@
 
 Trains dense_lm_cpu and switch_lm_cpu_8 for --steps (1,200) at --lr (0.02), otherwise exactly as
 experiments/routing_family.py --regime lm trains its dense and top1 runs (the same recipe,
-corpus, vocabulary, seed and data order; T5's rsqrt schedule does not depend on the total steps,
-so the reference runs' first --steps are the same runs at 0.01). --reference is that study's
---out: its dense and top1 curves up to --steps are the 0.01 rows, and its tokenizer is the
-vocabulary. Writes --out/<run>/ (resumable), docs/lr_probe.json (harness.collect's, with the
-reference curves and Switch-minus-dense per step at both rates) and docs/figures/lr_probe.png.
+corpus, vocabulary, seed and data order; the rsqrt schedule, T5's shape with warm-up 250, does
+not depend on the total steps, so the reference runs' first --steps are the same runs at 0.01).
+--reference is that study's --out: its dense and top1 curves up to --steps are the 0.01 rows,
+and its tokenizer is the vocabulary. Writes --out/<run>/ (resumable), --out/lr_probe.json (harness.collect's, with the
+reference curves and Switch-minus-dense per step at both rates) and --out/figures/lr_probe.png;
+with --publish docs/lr_probe.json and docs/figures/lr_probe.png instead.
 """
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--report", action="store_true", help="only collect what has run")
+    harness.publish_argument(p)
     args = p.parse_args(argv)
-    if lm_claims.missing_corpus(args.corpus):
+    if harness.missing_corpus(args.corpus):
         return 2
     vocab = (args.reference / "dense" / "tokenizer.model").resolve()
     missing = [n for n, _ in REFERENCE.values() if not harness.rows(args.reference / n, "eval")]
@@ -87,7 +89,7 @@ def main(argv=None) -> int:
         both = dict(res, runs={**res["runs"], **reference})
         harness.plot_curves(both, path, {"learning rate 0.01 vs " + f"{args.lr:g}":
                                          list(both["runs"])})
-    harness.write(result, ROOT / "docs", plot)
+    harness.write(result, args.out, plot, publish=args.publish)
     print(json.dumps(result["switch_minus_dense"], indent=1))
     return 0
 

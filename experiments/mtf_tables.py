@@ -25,8 +25,8 @@ tokens in the same order. Every run is compared with the rung below it (its base
 training, eval.py evaluates each finished run (results.json), and the paper's table is printed
 beside ours with its orderings and margins (``python eval.py --table=mtf_table2_lm1b_mini`` or
 ``mtf_table3_wmt_mini`` prints it again). Writes --out/h<heads>/ (train.py workdirs; run again to
-continue), docs/<name>.json and docs/figures/<name>.png (name: mtf_table2_mini or
-mtf_table3_mini).
+continue), --out/<name>.json and --out/figures/<name>.png, or with --publish docs/<name>.json
+and docs/figures/<name>.png (name: mtf_table2_mini or mtf_table3_mini).
 """
 from __future__ import annotations
 
@@ -138,19 +138,19 @@ def main(argv=None) -> int:
                    help="train only these (and h1, whose vocabulary the others read)")
     p.add_argument("--steps", type=int, help="default: 2,000 (lm) or 1,200 (wmt)")
     p.add_argument("--eval-every", type=int, help="default: 250 (lm) or 300 (wmt)")
-    p.add_argument("--warmup", type=int, default=250, help="--table lm: rsqrt's constant steps")
+    p.add_argument("--warmup", type=int, default=250,
+                   help="--table lm: k of the rsqrt schedule (T5's shape; T5's own k is 10000)")
     p.add_argument("--eval-examples", type=int, default=2000, help="--table lm")
-    p.add_argument("--name", help="docs/NAME.json, docs/figures/NAME.png (default: "
-                                  "mtf_table2_mini or mtf_table3_mini)")
+    p.add_argument("--name", help="NAME.json, figures/NAME.png in --out (docs/ with --publish; "
+                                  "default: mtf_table2_mini or mtf_table3_mini)")
     p.add_argument("--report", action="store_true", help="only evaluate and collect what has run")
+    harness.publish_argument(p)
     args = p.parse_args(argv)
     series = SERIES[args.table]
     args.steps = args.steps or series["steps"]
     args.eval_every = args.eval_every or series["eval_every"]
     args.name = args.name or series["name"]
-    if args.table == "lm" and not (args.corpus and (args.corpus / "train.txt").is_file()):
-        print(f"error: --table lm needs --corpus with a train.txt (got {args.corpus}); build it "
-              "with python -m switchzoo.data.english --out CORPUS", file=sys.stderr)
+    if args.table == "lm" and harness.missing_corpus(args.corpus):
         return 2
     s = study(args)
     if not args.report:
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
                              series=args.table)
     dirs = evaluated(s, args.out)
     result["table"] = table_result(series, dirs)
-    harness.write(result, ROOT / "docs", plot)
+    harness.write(result, args.out, plot, publish=args.publish)
     print(markdown(result))
     from switchzoo import tables
     print()

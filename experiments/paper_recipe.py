@@ -14,8 +14,9 @@ steps, and router_learning_rate_scale) is read off experiments/switch_vs_dense.p
 
 Runs go through experiments/harness.py: train.py workdirs under --out (resumable: a finished
 run is skipped; a one-step run "vocab" trains the vocabulary every run reads; each finished run
-evaluated by eval.py); results go to docs/paper_recipe.json (harness.collect's, with the
-summary against Table 3) and docs/figures/paper_recipe_<study>.png.
+evaluated by eval.py); results go to --out/paper_recipe_<study>.json (harness.collect's, with
+the summary against Table 3) and --out/figures/paper_recipe_<study>.png, or with --publish to
+docs/paper_recipe.json and docs/figures/paper_recipe_<study>.png.
 """
 from __future__ import annotations
 
@@ -78,9 +79,11 @@ def main(argv=None) -> int:
     p.add_argument("--report", action="store_true", help="only collect what has run")
     recipe_arguments(p)
     p.set_defaults(eval_examples=500)
-    p.add_argument("--json", type=pathlib.Path, default=ROOT / "docs/paper_recipe.json")
-    p.add_argument("--figure", type=pathlib.Path, default=None,
-                   help="default: docs/figures/paper_recipe_<study>.png")
+    harness.publish_argument(p)
+    p.add_argument("--json", type=pathlib.Path, help="default: paper_recipe_<study>.json in "
+                   "--out, or docs/paper_recipe.json with --publish")
+    p.add_argument("--figure", type=pathlib.Path,
+                   help="default: figures/paper_recipe_<study>.png beside the JSON")
     args = p.parse_args(argv)
     line = harness.command_line("paper_recipe.py", args)
     args.out = args.out.resolve()
@@ -92,7 +95,8 @@ def main(argv=None) -> int:
         harness.evaluate(s, args.out)
     result = harness.collect(s, args.out, line, corpus=corpus)
     result["summary"] = summary(result)
-    harness.write(result, ROOT / "docs", plot, path=args.json, figure=args.figure)
+    path = args.json or (harness.DOCS / "paper_recipe.json" if args.publish else None)
+    harness.write(result, args.out, plot, publish=args.publish, path=path, figure=args.figure)
     print(json.dumps(result["summary"], indent=1))
     return 0
 

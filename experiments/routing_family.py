@@ -9,9 +9,10 @@ the same seed and data order) on the same English text, evaluated every --eval-e
 same held-out documents. Four questions:
 
   (a) routers at equal capacity factor 1.25 (switch_cpu_8: every other FFN 8 experts):
-      top1 (Switch), top2 (GShard; twice the expert FLOPs), ec (experts-choose in the encoder,
-      tokens-choose top-1 in the decoder, as flaxformer: C = N x 1.25 / E per expert),
-      ec_cf2 (experts-choose at capacity 2.0: top-2's expert FLOPs)
+      top1 (Switch), top2 (GShard: the same N x 1.25 slots for its 2N picks, so at most 1.25
+      served a token), ec (experts-choose in the encoder, tokens-choose top-1 in the decoder,
+      as flaxformer: C = N x 1.25 / E per expert), ec_cf2 (experts-choose at capacity 2.0: two
+      experts a token, what top-2 would serve with room for every pick)
   (b) balancing: top1 (aux loss 0.01) vs bias (DeepSeek-V3's loss-free bias, no aux loss)
   (c) sparse upcycling: the dense model at --steps/2 is upcycled to switch_cpu_8 (every
       expert = its layer's dense MLP, gates renormalised so that it starts as the dense model)
@@ -28,8 +29,8 @@ same held-out documents. Four questions:
 
 Runs through experiments/harness.py (the special starts are Run.before hooks): writes
 --out/<run>/ (train.py workdirs, resumable; each finished run evaluated by eval.py),
-docs/routing_family.json (harness.collect's, with the findings) and
-docs/figures/routing_family.png.
+--out/routing_family.json (harness.collect's, with the findings) and
+--out/figures/routing_family.png; --publish writes them to docs/ (the published result).
 
 --regime lm asks (c) and (d) in experiments/lm_claims.py's regime instead (run from the repo root):
 
@@ -45,9 +46,9 @@ takes dense and top1 from lm_claims' finished runs DIR/dense and DIR/switch_8 of
 (out/<run> links there; neither trained nor evaluated here; the JSON's "reused" names them), the
 vocabulary with them; dense_half is then DIR/dense's checkpoint at --steps/2 where it kept one,
 else a dense run trained here to --steps/2 (in the seconds of the first continued run). Writes
-docs/routing_family_lm.json and docs/figures/routing_family_lm.png. The upcycled LM is written
-as a switchzoo checkpoint (the Hugging Face format holds no decoder-only model), which init_from
-reads as it reads a run.
+routing_family_lm.json and figures/routing_family_lm.png (in --out; docs/ with --publish). The
+upcycled LM is written as a switchzoo checkpoint (the Hugging Face format holds no decoder-only
+model), which init_from reads as it reads a run.
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import harness  # noqa: E402
 import lm_claims  # noqa: E402
 import switch_vs_dense as svd  # noqa: E402
+import verdicts  # noqa: E402
 from harness import Run  # noqa: E402
 
 HALF = "dense_half"            # a copy of the dense workdir at --steps/2
@@ -108,7 +110,10 @@ def start(study: harness.Study, run: Run, out: pathlib.Path) -> list[str]:
     upcycled = out / "upcycled_init"
     if not upcycled.is_dir():
         cmd = [sys.executable, "-m", "switchzoo.upcycle", "--dense", str(out / HALF),
-               "--model", run.model, "--out", str(upcycled)]
+               "--model", run.model, "--out", str(upcycled),
+               # the published runs: straight-through on the whole continued run (issue 24's
+               # recipe; the upcycle command's default is now off)
+               "--straight-through-steps", "-1"]
         print(" ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT)
     return [f"--config.init_from={upcycled}"]
@@ -154,9 +159,9 @@ def study(args, docs: pathlib.Path | None) -> harness.Study:
             if r.starts_from in CONTINUED else r for r in REGIMES[args.regime]["runs"]]
     if args.regime == "lm":
         return dataclasses.replace(
-            lm_claims.study(argparse.Namespace(**vars(args), name=args.json.stem)), runs=runs,
+            lm_claims.study(argparse.Namespace(**vars(args), name=args.name)), runs=runs,
             title="The routing family and model surgery, decoder-only LM on English prose")
-    return svd.span_study(args, args.json.stem, runs, docs,
+    return svd.span_study(args, args.name, runs, docs,
                           title="The routing family and model surgery, span corruption")
 
 
@@ -184,7 +189,14 @@ def link_reused(study: harness.Study, args) -> None:
 
 
 def findings(result: dict) -> dict:
+    """What the runs say, from the result: dense's loss at half its steps; each router and
+    balancing against top1 (loss difference, and its verdict under the one noise rule:
+    verdicts.compare, which has no estimate where every run is one seed); top-2's and top-1's
+    dropped fraction of their picks in training (the same slots); upcycled minus dense_cont at
+    every evaluation and when it reaches dense_cont's final loss; distillation's gains and the
+    share of the teacher's it keeps."""
     runs, f = result["runs"], {}
+    ref = verdicts.reference(result)
     if "dense" in runs:
         dense = runs["dense"]
         f["dense_loss_at_half"] = next((l for s, l in zip(dense["steps"], dense["eval_loss"])
@@ -192,12 +204,18 @@ def findings(result: dict) -> dict:
     for name in ("top2", "ec", "ec_cf2", "bias"):
         if name in runs and "top1" in runs:
             f[f"{name}_minus_top1"] = runs[name]["eval_loss_minus_baseline"]
+            f[f"{name}_vs_top1"] = verdicts.compare(result, name, "top1", ref)["verdict"]
+    if "top2" in runs:
+        f["dropped_fraction_train"] = {n: verdicts.dropped(runs[n]) for n in ("top1", "top2")
+                                       if n in runs}
     for name in ("upcycled", "upcycled_raw"):
         if name in runs and "dense_cont" in runs:
             up, cont = runs[name], runs["dense_cont"]
             f[f"{name}_minus_dense_cont"] = [round(a - b, 4) for a, b in
                                              zip(up["eval_loss"], cont["eval_loss"])]
             f[f"{name}_steps_to_dense_cont_final"] = up["steps_to_baseline_final_loss"]
+            f[f"{name}_vs_dense_cont"] = verdicts.compare(result, name, "dense_cont",
+                                                          ref)["verdict"]
     if all(n in runs for n in ("dense", "top1", "student")):
         gain = -runs["top1"]["eval_loss_minus_baseline"]
         f["teacher_gain"] = round(gain, 4)
@@ -266,22 +284,24 @@ def arguments(argv) -> argparse.Namespace:
     p.add_argument("--continue-warmup", type=int, default=100,
                    help="warm-up of the runs continued from the dense checkpoint")
     p.add_argument("--report", action="store_true", help="only collect what has run")
-    p.add_argument("--json", type=pathlib.Path, default=ROOT / f"docs/{regime['name']}.json",
-                   help="the results (its stem names the study)")
-    p.add_argument("--figure", type=pathlib.Path,
-                   default=ROOT / f"docs/figures/{regime['name']}.png")
-    return p.parse_args(argv)
+    harness.publish_argument(p)
+    p.add_argument("--json", type=pathlib.Path, help="the results (its stem names the study; "
+                   f"default: {regime['name']}.json in --out, or in docs/ with --publish)")
+    p.add_argument("--figure", type=pathlib.Path, help=f"default: figures/{regime['name']}.png "
+                   "beside the JSON's default")
+    args = p.parse_args(argv)
+    args.name = args.json.stem if args.json else regime["name"]
+    return args
 
 
 def main(argv=None) -> int:
     args = arguments(argv)
     lm = args.regime == "lm"
     line = harness.command_line("routing_family.py", args,
-                                skip=("report",) if lm else ("report", "regime"))
+                                skip=("report", "publish", "name") if lm
+                                else ("report", "publish", "name", "regime"))
     args.out = args.out.resolve()
-    if lm and not (args.corpus / "train.txt").is_file():
-        print(f"error: no {args.corpus}/train.txt; build it with python -m switchzoo.data.english"
-              f" --out {args.corpus}", file=sys.stderr)
+    if lm and harness.missing_corpus(args.corpus):
         return 2
     docs, corpus = (None, None) if lm else svd.english_docs(args.out, write=not args.report)
     s = study(args, docs)
@@ -305,7 +325,8 @@ def main(argv=None) -> int:
         result.setdefault("reused", {})[name] = str(
             workdir.relative_to(ROOT) if workdir.is_relative_to(ROOT) else workdir)
     result["findings"] = findings(result)
-    harness.write(result, ROOT / "docs", plot, path=args.json, figure=args.figure)
+    harness.write(result, args.out, plot, publish=args.publish, path=args.json,
+                  figure=args.figure)
     print(markdown(result))
     print(json.dumps(result["findings"], indent=1))
     return 0

@@ -7,8 +7,9 @@
 experiments/lm_claims.py found Switch ahead of dense on a decoder-only LM at ~20 tokens per dense
 non-embedding parameter. This asks the same question of an encoder-decoder trained by T5's span
 corruption (noise 0.15, mean span 3: the Switch paper's pre-training task) on the same corpus and
-vocabulary, with the same recipe (configs/c4_cpu.py: configs/c4.py's Adafactor per expert, T5's
-rsqrt schedule, 0.1x truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
+vocabulary, with the same recipe (configs/c4_cpu.py: configs/c4.py's Adafactor per expert, the
+rsqrt schedule in T5's shape with warm-up --warmup (250; T5's own is --warmup 10000), 0.1x
+truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
 
     dense       dense_sc_cpu      d_model 96, 2+2 layers, ReLU FFN 384, tied; 518k non-embedding
     switch_8    switch_sc_cpu_8   the second FFN of each stack a top-1 Switch layer, 8 experts
@@ -17,7 +18,9 @@ rsqrt schedule, 0.1x truncated-normal init, no dropout, aux loss 0.01, capacity 
 32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
 encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
 which ~2.2M are supervised targets. The loss is per target token (span corruption's), so it is not
-comparable with the LM's. Writes --out/<run>/, docs/span_claims.json, docs/figures/span_claims.png.
+comparable with the LM's. Writes --out/<run>/, --out/span_claims.json and
+--out/figures/span_claims.png; with --publish docs/span_claims.json and
+docs/figures/span_claims.png (the published result) instead.
 """
 from __future__ import annotations
 
@@ -67,7 +70,7 @@ def main(argv=None) -> int:
                    help="lm_claims' tokenizer.model (runs/lm/dense/tokenizer.model), so both "
                         "studies read one vocabulary; without it the first run trains one")
     args = p.parse_args(argv)
-    if lm_claims.missing_corpus(args.corpus):
+    if harness.missing_corpus(args.corpus):
         return 2
     if args.vocab is not None and not args.vocab.is_file():
         print(f"error: --vocab {args.vocab} is not a file; pass lm_claims' "
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
                                                                       1)
         result["supervised_target_tokens_per_run"] = dense["tokens_seen"]
     result["claims"] = lm_claims.claims(result)
-    harness.write(result, ROOT / "docs", plot)
+    harness.write(result, args.out, plot, publish=args.publish)
     print(lm_claims.markdown(result))
     print(json.dumps(result["claims"], indent=1))
     return 0

@@ -1,7 +1,7 @@
 """Have the experts of a trained decoder-only Switch LM specialised, and by what?
 
     python experiments/specialisation.py --workdir runs/lm/switch_8 [--workdir runs/lm/top2_8]
-        --corpus runs/corpus [--sequences 200] [--json docs/specialisation.json]
+        --corpus runs/corpus [--sequences 200] [--json FILE] [--publish]
 
 Each run's newest checkpoint (evaluate.restore_params) reads the first --sequences texts of
 <corpus>/eval.txt as eval.py batches them (data.build(evaluating=True).eval_batches), in
@@ -48,8 +48,9 @@ import numpy as np  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 from flax import nnx  # noqa: E402
 
+import harness  # noqa: E402
 from common import machine  # noqa: E402
-from switchzoo import cli, data, evaluate, moe, routing, steps, transformer  # noqa: E402
+from switchzoo import data, errors, evaluate, moe, routing, steps, transformer  # noqa: E402
 from switchzoo import state as state_lib  # noqa: E402
 
 MIN_COUNT = 5          # an id counts for determinism and pieces when seen this often
@@ -250,8 +251,13 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", action="append", required=True, type=pathlib.Path)
     p.add_argument("--corpus", type=pathlib.Path, default=ROOT / "runs" / "corpus")
     p.add_argument("--sequences", type=int, default=200)
-    p.add_argument("--json", type=pathlib.Path, default=ROOT / "docs" / "specialisation.json")
+    harness.publish_argument(p)
+    p.add_argument("--json", type=pathlib.Path, help="default: specialisation.json beside the "
+                   "first --workdir (docs/specialisation.json with --publish)")
     args = p.parse_args(argv)
+    args.json = harness.unpublished(args.json or (
+        harness.DOCS if args.publish else args.workdir[0].parent) / "specialisation.json",
+        args.publish)
     try:
         if not (args.corpus / "eval.txt").is_file():
             raise Bad(f"no {args.corpus}/eval.txt; pass --corpus DIR holding the held-out "
@@ -260,7 +266,7 @@ def main(argv=None) -> int:
             raise Bad(f"--sequences {args.sequences}: pass a positive count, e.g. 200")
         runs = [analyse(w, args.corpus, args.sequences) for w in args.workdir]
     except (Bad, FileNotFoundError, ValueError, KeyError) as e:
-        print(f"error: {cli.one_line(e)}", file=sys.stderr)
+        print(f"error: {errors.one_line(e)}", file=sys.stderr)
         return 2
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -280,4 +286,4 @@ if __name__ == "__main__":
     sys.stdout.flush()
     sys.stderr.flush()
     if code:
-        os._exit(code)       # as cli.run: no restore threads' teardown noise after the line
+        os._exit(code)       # as commands.cli.run: no restore threads' teardown noise after the line

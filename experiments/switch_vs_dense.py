@@ -15,13 +15,15 @@ documents (eval capacity factor 2.0):
     switch_8     switch_cpu_8    the same with every other FFN a top-1 Switch layer (cf 1.25)
     switch_16    switch_cpu_16
     switch_32    switch_cpu_32
-    moe_top2_8   switch_cpu_8, top-2 at capacity factor 1.25 (more FLOPs: Table 1's MoE-Base)
+    moe_top2_8   switch_cpu_8, top-2 at capacity factor 1.25 (Table 1's MoE-Base: the same
+                 expert slots as top-1, so at most 1.25 served picks per token)
 
 Runs through experiments/harness.py: writes --out/<run>/ (train.py workdirs, resumable; each
 finished run evaluated by eval.py, as python -m switchzoo.tables reads runs),
-docs/switch_vs_dense.json (harness.collect's: curves, the step at which each run first reaches
+--out/switch_vs_dense.json (harness.collect's: curves, the step at which each run first reaches
 its baseline's final eval loss, expert loads and router diagnostics, the machine and commit),
-docs/figures/switch_vs_dense.png and docs/figures/switch_vs_dense_router.png. The span-corruption
+--out/figures/switch_vs_dense.png and --out/figures/switch_vs_dense_router.png; with --publish
+the same names under docs/ (the published result). The span-corruption
 studies (experiments/routing_family.py, experiments/paper_recipe.py) share this text and recipe
 (english_docs, recipe_arguments, span_study).
 """
@@ -134,21 +136,23 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=250)
     recipe_arguments(p)
     p.add_argument("--report", action="store_true", help="only collect what has run")
-    p.add_argument("--json", type=pathlib.Path, default=ROOT / "docs/switch_vs_dense.json",
-                   help="the results (its stem names the study)")
+    harness.publish_argument(p)
+    p.add_argument("--json", type=pathlib.Path, help="the results (its stem names the study; "
+                   "default: switch_vs_dense.json in --out, or in docs/ with --publish)")
     p.add_argument("--figure", type=pathlib.Path,
-                   default=ROOT / "docs/figures/switch_vs_dense.png")
+                   help="default: figures/switch_vs_dense.png beside the JSON's default")
     args = p.parse_args(argv)
     line = harness.command_line("switch_vs_dense.py", args)
     args.out = args.out.resolve()
     docs, corpus = english_docs(args.out, write=not args.report)
-    s = span_study(args, args.json.stem, RUNS, docs,
+    s = span_study(args, args.json.stem if args.json else "switch_vs_dense", RUNS, docs,
                    title="Switch vs FLOP-matched dense, span corruption on English text")
     if not args.report:
         harness.run(s, args.out, only=args.runs)
         harness.evaluate(s, args.out)
     result = harness.collect(s, args.out, line, corpus=corpus)
-    harness.write(result, ROOT / "docs", plot, path=args.json, figure=args.figure)
+    harness.write(result, args.out, plot, publish=args.publish, path=args.json,
+                  figure=args.figure)
     print(markdown(result))
     return 0
 

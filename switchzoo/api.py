@@ -97,8 +97,10 @@ class Model:
                                    top_k=top_k, eos_id=eos_token_id)
 
     def save_pretrained(self, path) -> None:
-        """Writes the Hugging Face SwitchTransformers format (config.json + model.safetensors)
-        and the tokenizer files of the directory it was loaded from (spiece.model,
+        """Writes the Hugging Face SwitchTransformers format (config.json + model.safetensors;
+        T5 for a dense model), refusing in one line a model transformers would compute otherwise
+        (hf.refusal: renormalised gates, top-2, experts-choose, gated experts, ...), and the
+        tokenizer files of the directory it was loaded from (spiece.model,
         tokenizer.json, ...: hf.TOKENIZER_FILES), so AutoTokenizer reads the copy too. A model
         of ``init`` has no tokenizer."""
         hf.save(path, self.cfg, self.params, self.hf_config, self.facts, self.tokenizer)
@@ -112,7 +114,9 @@ def init(model: str | ModelConfig, seed: int = 0, mesh=None, layout=None) -> Mod
 
 
 def from_pretrained(path, mesh=None, layout=None) -> Model:
-    """Loads a Hugging Face SwitchTransformers directory onto ``mesh`` under ``layout``."""
+    """Loads a Hugging Face SwitchTransformers directory onto ``mesh`` under ``layout``. Its
+    routing losses take transformers' convention (switchzoo.hf's module doc): the config's
+    router coefficients weigh each stack's mean over its Switch layers, not their sum."""
     pretrained = hf.read_config(path)
     setup = state_lib.setup(pretrained.cfg, layout, mesh)
     params, facts = hf.load_params(pretrained, setup)

@@ -8,6 +8,8 @@ import os
 import pathlib
 import uuid
 
+from switchzoo import workdir
+
 
 @contextlib.contextmanager
 def replacing(path, mode: str = "w"):
@@ -21,17 +23,40 @@ def replacing(path, mode: str = "w"):
             yield f
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):     # a read-only mount refuses even this
+            tmp.unlink(missing_ok=True)
         raise
 
 
 def write_text(path, text: str) -> pathlib.Path:
-    with replacing(path, "w") as f:
-        f.write(text)
-    return pathlib.Path(path)
+    return write_bytes(path, text.encode("utf-8"))
 
 
 def write_bytes(path, data: bytes) -> pathlib.Path:
-    with replacing(path, "wb") as f:
-        f.write(data)
+    """``data`` to ``path`` atomically; a full disk or a read-only directory is a one-line
+    error (switchzoo.workdir.Refused) naming the path, with the old file left as it was."""
+    try:
+        with replacing(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        raise workdir.explain(e, path, len(data)) or e from e
     return pathlib.Path(path)
+
+
+def append(path, text: str) -> None:
+    """Appends ``text`` (a whole line) to ``path``: all of it or, when the disk is full,
+    none (the file is cut back to where it was, so no half line is left behind)."""
+    data = text.encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise workdir.explain(e, path, len(data)) or e from e
+    finally:
+        os.close(fd)

@@ -6,13 +6,17 @@ them without building an optimizer), ``optimizer`` (the step counter and optimiz
 restores, so a checkpoint written under one mesh/layout loads under another."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import pathlib
+import shutil
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 from orbax.checkpoint._src.metadata import array_metadata_store     # as Orbax's own default
 
+from switchzoo import workdir
 from switchzoo.state import TrainState
 
 # Orbax splits each replicated array among the replicas that hold it, so that each writes a
@@ -37,14 +41,39 @@ def _register_array_handler() -> None:
 _register_array_handler()
 
 
+class _NoSpaceNoise(logging.Filter):
+    """Orbax logs a full disk from each of its writing threads, with their tracebacks, and
+    then the errors of cancelling the other writes ('Event loop is closed'); the run reports
+    the fault once, in one line (Checkpoints._faults), so those records are dropped."""
+    seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "orbax" not in record.pathname:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        if workdir.is_no_space(Exception(record.getMessage())) or \
+                (error is not None and workdir.is_no_space(error)):
+            _NoSpaceNoise.seen = True
+            return False
+        return not (_NoSpaceNoise.seen and record.levelno >= logging.ERROR)
+
+
+logging.getLogger("absl").addFilter(_NoSpaceNoise())
+
+
 def _target(abstract, shardings):
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         abstract, shardings)
 
 
 class Checkpoints:
-    def __init__(self, directory, every: int, keep: int = 3, use_async: bool = True):
+    def __init__(self, directory, every: int, keep: int = 3, use_async: bool = True,
+                 writer: bool = False, read_only: bool = False):
+        """``writer``: the run's one writer (it holds the workdir's lock, switchzoo.workdir),
+        which removes the partial steps a killed run left; ``read_only``: a reader (eval.py)
+        that creates, removes and writes nothing, so it may read a run while it trains."""
         self.directory = pathlib.Path(directory).resolve()
+        self.saving, self.needed, self.closed = None, None, False
         self.manager = ocp.CheckpointManager(
             self.directory,
             # Every ``every`` steps only (Orbax's default also saves the first step it sees).
@@ -52,7 +81,8 @@ class Checkpoints:
                                                  .FixedIntervalPolicy(max(every, 1)),
                                                  max_to_keep=keep,
                                                  enable_async_checkpointing=use_async,
-                                                 create=True))
+                                                 create=not read_only, read_only=read_only,
+                                                 cleanup_tmp_directories=writer))
 
     def latest_step(self) -> int | None:
         """The newest committed checkpoint (a partial one, cut off by a crash, is ignored)."""
@@ -62,11 +92,50 @@ class Checkpoints:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, state: TrainState, data_state: dict, force: bool = False) -> bool:
-        """Starts saving (asynchronously) when ``step`` is due or ``force``; True if it did."""
-        return self.manager.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(state.params),
-            optimizer=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
-            data=ocp.args.JsonSave(data_state)), force=force)
+        """Starts saving (asynchronously) when ``step`` is due or ``force``; True if it did. A
+        save that finds the disk full (this one, or the one before it) is a one-line error."""
+        if not (force or self.manager.should_save(step)):
+            return False
+        self.wait()                 # the save before (Orbax waits for it too): its fault is its
+        self.saving = step
+        self.needed = sum(x.nbytes for x in jax.tree.leaves((state.params, state.opt_state)))
+        with self._faults():
+            return self.manager.save(step, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(state.params),
+                optimizer=ocp.args.StandardSave({"step": state.step,
+                                                 "opt_state": state.opt_state}),
+                data=ocp.args.JsonSave(data_state)), force=force)
+
+    def check(self) -> None:
+        """Raises now (not at the next save) if a save running in the background failed."""
+        with self._faults():
+            self.manager.check_for_errors()
+
+    @contextlib.contextmanager
+    def _faults(self):
+        """A full disk during a save: the partial step is removed (the committed ones stay,
+        restorable) and the run stops in one line saying how much a checkpoint needs."""
+        try:
+            yield
+        except Exception as e:
+            if not workdir.is_no_space(e):
+                raise
+            with contextlib.suppress(Exception):
+                self.manager.wait_until_finished()      # every writing thread has stopped
+            for partial in self.directory.glob("*orbax-checkpoint-tmp*"):
+                shutil.rmtree(partial, ignore_errors=True)
+            with contextlib.suppress(Exception):
+                self.manager.close()
+            self.closed = True
+            kept = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+            raise workdir.NoSpace(
+                f"no space left on device writing checkpoint {self.saving} in {self.directory}:"
+                f" it needs ~{workdir.size(self.needed)}, "
+                f"{workdir.size(workdir.free_bytes(self.directory))} free there; the partial "
+                "step was removed and "
+                + (f"step {kept[-1]} is the newest committed checkpoint" if kept else
+                   "no checkpoint had committed yet")
+                + ": free some space and run the same command to resume") from None
 
     def save_params(self, step: int, params) -> None:
         """A checkpoint of the weights alone (an upcycled model: what init_from and evaluation
@@ -93,8 +162,13 @@ class Checkpoints:
         return out.params
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        with self._faults():
+            self.manager.wait_until_finished()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        if self.closed:
+            return
+        with self._faults():
+            self.manager.wait_until_finished()
         self.manager.close()
+        self.closed = True

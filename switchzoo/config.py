@@ -14,9 +14,11 @@ ATTENTION = ("auto", "reference", "xla", "cudnn")
 ROUTERS = ("tokens_choose", "experts_choose")
 BALANCE = ("aux_loss", "bias")
 # How a model's routing losses combine over its Switch layers: "sum" (Mesh-TensorFlow, in
-# which the Switch paper's alpha = 0.01 was set: each layer adds alpha x its loss) or "mean"
-# (T5X's _expert_losses: alpha weighs the average layer, so it does not grow with depth).
-LOSS_REDUCTIONS = ("sum", "mean")
+# which the Switch paper's alpha = 0.01 was set: each layer adds alpha x its loss), "mean"
+# (T5X's _expert_losses: alpha weighs the average layer, so it does not grow with depth) or
+# "pooled" (transformers' SwitchTransformers, which models read from Hugging Face take: per
+# stack one aux loss of its Switch layers' routing pooled and the mean z-loss, stacks added).
+LOSS_REDUCTIONS = ("sum", "mean", "pooled")
 INIT_DISTRIBUTIONS = ("normal", "truncated_normal")
 
 
@@ -69,10 +71,14 @@ class MoeConfig:
     bias_rate: float = 0.001
     num_shared_experts: int = 0          # DeepSeekMoE: dense experts every token passes through
     loss_reduction: str = "sum"          # routing losses over layers: one of LOSS_REDUCTIONS
-    # Each token's combine weights renormalised over the experts serving it, the router's
-    # gradient the raw probabilities' (straight-through): E copies of a dense MLP compute it
-    # (sparse upcycling, Komatsuzaki et al. 2022 app. B.7; switchzoo.upcycle turns it on).
+    # Each token's combine weights renormalised over the experts serving it: E copies of a
+    # dense MLP compute it (sparse upcycling, Komatsuzaki et al. 2022 app. B.7; switchzoo.upcycle
+    # turns it on). The router's gradient is the renormalised gate's own (for top-1 a constant 1,
+    # so none: the paper's "vanishing routing gradient", left as is), or for the first
+    # straight_through_steps steps of the run (-1: every step) the raw probabilities'
+    # (straight-through; switchzoo.upcycle.straight_through_phase).
     gates_sum_to_one: bool = False
+    straight_through_steps: int = 0
 
     def __post_init__(self):
         if not 1 <= self.top_k <= self.num_experts:
@@ -106,12 +112,17 @@ class MoeConfig:
                              "router='tokens_choose'")
         if self.loss_reduction not in LOSS_REDUCTIONS:
             raise ValueError(f"moe.loss_reduction={self.loss_reduction!r}: use 'sum' (over "
-                             "Switch layers, Mesh-TensorFlow and the Switch paper) or 'mean' "
-                             "(T5X)")
+                             "Switch layers, Mesh-TensorFlow and the Switch paper), 'mean' "
+                             "(T5X) or 'pooled' (Hugging Face transformers)")
         if self.gates_sum_to_one and self.router == "experts_choose":
             raise ValueError("moe.gates_sum_to_one with moe.router='experts_choose': only "
                              "tokens-choose gates are renormalised; use router='tokens_choose' "
                              "or gates_sum_to_one=false")
+        if self.straight_through_steps < -1 or (self.straight_through_steps and
+                                                 not self.gates_sum_to_one):
+            raise ValueError(f"moe.straight_through_steps={self.straight_through_steps}: use 0 "
+                             "(off), N > 0 (the run's first N steps) or -1 (every step), and "
+                             "only with moe.gates_sum_to_one=true")
         if self.num_shared_experts < 0 or self.bias_rate < 0:
             raise ValueError(f"moe.num_shared_experts={self.num_shared_experts} / bias_rate="
                              f"{self.bias_rate}: both must be >= 0")

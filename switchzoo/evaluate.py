@@ -6,16 +6,16 @@ Running the model lives here; the scores themselves (BLEU, perplexities, results
 pure functions in switchzoo.scores."""
 from __future__ import annotations
 
-import json
 import pathlib
 
 import jax
 import ml_collections
 import numpy as np
 
-from switchzoo import (api, atomic, checkpoints, data, hosts, machine, scores, steps, validate,
-                       weights)
+from switchzoo import (api, atomic, checkpoints, data, hosts, machine, record, resume, scores,
+                       steps, validate, weights)
 from switchzoo import state as state_lib
+from switchzoo import workdir as workdir_lib
 from switchzoo.config import ModelConfig
 from switchzoo.configs import base
 
@@ -26,7 +26,7 @@ MODEL_FILE = weights.MODEL_FILE      # the run's resolved model, written by the 
 EVAL_OVERRIDES = ("eval.", "data.eval_files", "data.eval_split", "data.max_eval_examples",
                   "data.tfds_data_dir", "data.locale_dir", "data.info_dir",
                   "per_device_batch_size", "layout", "mesh", "dtype", "moe.eval_capacity_factor",
-                  "moe.dispatch", "moe.grouped_matmul", "moe.block_size")
+                  "moe.dispatch", "moe.grouped_matmul", "moe.block_size", "restore_step")
 
 
 def load_config(workdir: pathlib.Path,
@@ -38,7 +38,7 @@ def load_config(workdir: pathlib.Path,
         raise FileNotFoundError(f"{workdir} has no config.json (not a training run); pass the "
                                 "workdir of a run, or --checkpoint=HF_DIR with --config")
     config = base.get_base()
-    config.update(json.loads(path.read_text()))      # recursive: nested dicts update in place
+    config.update(record.read_config(workdir))   # recursive: nested dicts update in place
     defaults = base.get_base()              # what the run did not read (older runs kept some)
     config.update_from_flattened_dict({f: validate.get(defaults, f)
                                        for f in validate.unread(config)})
@@ -65,17 +65,26 @@ def run_model(config, workdir: pathlib.Path, vocab_size: int,
 
 def restore_params(config, workdir: pathlib.Path, layout, vocab_size: int,
                    pieces: int | None = None):
-    """(setup, params, step) of the newest committed checkpoint of the run: the parameters
-    alone, with no optimizer built."""
+    """(setup, params, step) of the newest committed checkpoint of the run (or restore_step's):
+    the parameters alone, with no optimizer built; a damaged one named in one line with the
+    newest step that restores (switchzoo.resume)."""
     setup = state_lib.setup_run(config, layout, run_model(config, workdir, vocab_size, pieces),
                                 train=False)
-    ckpt = checkpoints.Checkpoints(workdir / "checkpoints", 1, config.keep_checkpoints)
+    ckpt = checkpoints.Checkpoints(workdir / "checkpoints", 1, config.keep_checkpoints,
+                                   read_only=True)      # a run may be training meanwhile
     try:
-        step = ckpt.latest_step()
+        step = resume.chosen_step(ckpt, config.get("restore_step"), once=False)
         if step is None:
             raise FileNotFoundError(f"{workdir / 'checkpoints'} holds no complete checkpoint; "
                                     "train first (python train.py --workdir=...)")
-        params = ckpt.restore_params(step, setup.abstract, setup.shardings)
+
+        def load(s):
+            return ckpt.restore_params(s, setup.abstract, setup.shardings)
+        try:
+            params = load(step)
+        except resume.RESTORE_ERRORS as e:
+            raise ValueError(resume.explain(ckpt, step, e, load, {"params": setup.abstract},
+                                            "evaluate")) from e
     finally:
         ckpt.close()
     return setup, params, step
@@ -107,13 +116,24 @@ def evaluate_loss(eval_fn, params, ds, layout, share: hosts.Share) -> dict:
     return result
 
 
-def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
+def run(config, workdir, checkpoint: str = "", print_fn=print, output: str = "") -> dict:
     """Evaluates on every process of the run (each reads its share of the eval set); process 0
-    writes results.json and prints."""
+    writes results.json and prints. ``output``: the directory for the results files instead of
+    the workdir (a run on a read-only mount; without it such a run is refused before it is
+    evaluated). Reads committed checkpoints only, so a run may be evaluated while it trains."""
     workdir = pathlib.Path(workdir)
     if jax.process_count() > 1:
         hosts.check_same_config(config.to_json_best_effort(sort_keys=True) + checkpoint)
     validate.check(config, evaluating=True)
+    # one results file per evaluation set: the run's own held-out results are never replaced
+    results_file, translations_file, eval_set = record.results_names(config, workdir)
+    out = pathlib.Path(output).expanduser() if output else workdir
+    why = workdir_lib.not_writable(out)
+    if why:                 # before the evaluation, not after it
+        raise workdir_lib.Refused(
+            f"{why}: eval.py writes {results_file} there; give --output=DIR, a directory it can "
+            "write, for the results (they are printed too)" if not output else
+            f"{why}: --output={output} must be a directory eval.py can write")
     layout = state_lib.run_layout(config)
     share = hosts.agreed_share(layout, state_lib.global_batch_size(config))
     lead = share.process == 0
@@ -145,10 +165,13 @@ def run(config, workdir, checkpoint: str = "", print_fn=print) -> dict:
     if not lead:
         return results
     if results["bleu"] is not None:     # every hypothesis, in eval-set order (for sacrebleu & co)
-        atomic.write_text(workdir / TRANSLATIONS_FILE,
+        atomic.write_text(out / translations_file,
                           "".join(" ".join(h.split()) + "\n" for h in hyps))
-    scores.write_results(workdir, results)
+    scores.write_results(out, results, results_file)
     print_fn(scores.markdown(results))
+    print_fn(f"results: {out / results_file} ({eval_set}"
+             + (")" if results_file == scores.RESULTS_FILE else
+                f"; the run's own stay in {scores.RESULTS_FILE})"))
     print_fn(f"machine: {machine.line(results['machine'])}, {jax.default_backend()} backend")
     for ex in results.get("examples", []):
         print_fn(f"\n  source:    {ex['source']}\n  reference: {ex['reference']}\n"

@@ -1,10 +1,23 @@
-"""Hugging Face SwitchTransformers checkpoints in and out (config.json + safetensors); dense T5
-checkpoints (T5ForConditionalGeneration: v1.0 ReLU or v1.1 gated GELU) in.
+"""Hugging Face SwitchTransformers checkpoints and dense T5 checkpoints
+(T5ForConditionalGeneration: v1.0 ReLU or v1.1 gated GELU) in (config.json + safetensors).
+Writing is switchzoo.hf_export (save, refusal, config_to_hf: re-exported here); the tensor
+names and layouts both use are switchzoo.hf_tensors.
 
 Every tensor is checked by name and shape before anything is placed: missing, extra and
 mis-shaped tensors are errors listing the names (a converter that silently drops experts is the
 failure this guards against). Tensors go straight into their sharding on the mesh, one at a time,
 reading only the bytes of the shards this process holds. No pickle: .bin files are refused.
+
+Routing losses of a model read from Hugging Face follow transformers' convention
+(SwitchTransformersForConditionalGeneration), exactly: coef x (encoder term + decoder term),
+each term over its stack's Switch layers together (the z-loss their mean; the aux loss one
+Switch eq. 4 over the stack's layers pooled per sequence), with router_aux_loss_coef and
+router_z_loss_coef. The model gets loss_reduction="pooled" (routing.pooled_aux_loss, per
+routing group: a sequence, as moe.group_size 0 routes) and those coefficients as its weights.
+switchzoo's own models sum per-layer losses over layers (Mesh-TensorFlow's convention), ~6x
+transformers' pressure for Switch-Base's 12 Switch layers.
+Not copied: transformers computes no router loss at all for a stack whose every block is
+sparse (its `sparse_step > 1` test), and routes and counts padding tokens.
 """
 from __future__ import annotations
 
@@ -16,30 +29,23 @@ import re
 import jax
 import numpy as np
 
-from switchzoo import atomic, tensorfile, transformer
+from switchzoo import tensorfile, transformer
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig, MoeConfig
-from switchzoo.layers import FFN_WEIGHTS
+from switchzoo.hf_export import (check_exportable, config_to_hf,  # noqa: F401 (re-exported)
+                                 hf_sparse_layers, refusal, router_coefficients, save)
+from switchzoo.hf_tensors import (ALIASES, DENSE_MLP, SINGLE,  # noqa: F401 (re-exported)
+                                  CheckpointError, Source, hf_shape, leaf_at, sources, to_ours)
 
 INDEX = "model.safetensors.index.json"
-# Copies of shared.weight that some writers store (transformers 5 with untied output layers).
-ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
-SINGLE = "model.safetensors"
 # A tokenizer saved beside the weights: what transformers' AutoTokenizer reads (T5's
 # SentencePiece spiece.model, the fast tokenizer.json and their configs) and the SentencePiece
 # model switchzoo.upcycle writes. save_pretrained copies those its model was loaded with.
 TOKENIZER_FILES = ("spiece.model", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "added_tokens.json", "tokenizer.model")
 LIST_AT_MOST = 8
-# What each model type calls a dense feed-forward block in its tensor names; T5 differs from
-# SwitchTransformers in this name alone.
-DENSE_MLP = {"switch_transformers": "mlp", "t5": "DenseReluDense"}
 # T5's feed_forward_proj -> our activation (gated-gelu is gelu_new: the tanh approximation).
 T5_ACTIVATIONS = {"relu": "relu", "gated-gelu": "gated-gelu"}
-
-
-class CheckpointError(ValueError):
-    """A Hugging Face directory that does not match what it claims to hold."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,13 +61,6 @@ class Pretrained:
         return DENSE_MLP[self.hf_config["model_type"]]
 
 
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """Where one of our parameters lives in the HF file: one tensor, or one per expert, each
-    transposed (HF Linear weights are [out, in]) and reshaped into our named-dim layout."""
-    names: tuple[str, ...]
-    transpose: bool
-    stacked: bool                      # one HF tensor per expert, stacked along 'experts'
 
 
 # -------------------------------------------------------------------------------------- config
@@ -102,11 +101,13 @@ def config_from_hf(hf: dict, sparse: dict[str, tuple[int, ...]]) -> ModelConfig:
                               "(T5 v1.0) or untied output layers with their own lm_head.weight")
     moe = None
     if sparse["encoder"] or sparse["decoder"]:
+        # transformers' convention (module doc): its coefficients weigh each stack's pooled
+        # aux loss and mean z-loss, and the stacks' terms add.
         moe = MoeConfig(
             num_experts=hf["num_experts"], top_k=1, group_size=0,
             expert_capacity=hf["expert_capacity"], jitter=hf.get("router_jitter_noise", 0.0),
             aux_loss_weight=hf.get("router_aux_loss_coef", 0.001),
-            z_loss_weight=hf.get("router_z_loss_coef", 0.001),
+            z_loss_weight=hf.get("router_z_loss_coef", 0.001), loss_reduction="pooled",
             encoder_sparse_layers=sparse["encoder"], sparse_layers=sparse["decoder"])
     return ModelConfig(
         vocab_size=hf["vocab_size"], d_model=hf["d_model"], num_heads=hf["num_heads"],
@@ -117,111 +118,6 @@ def config_from_hf(hf: dict, sparse: dict[str, tuple[int, ...]]) -> ModelConfig:
         relpos_max_distance=hf.get("relative_attention_max_distance", 128),
         tie_embeddings=tied, moe=moe)
 
-
-def config_to_hf(cfg: ModelConfig) -> dict:
-    """A SwitchTransformers config.json for a model that did not come from one."""
-    if not cfg.is_encoder_decoder or cfg.activation != "relu":
-        raise CheckpointError("the Hugging Face SwitchTransformers format holds ReLU "
-                              "encoder-decoders only; this model is decoder-only or gated")
-    moe = cfg.moe or MoeConfig(num_experts=1)
-    enc = [i for i in range(cfg.num_encoder_layers) if cfg.moe and moe.is_sparse(i, True)]
-    dec = [i for i in range(cfg.num_layers) if cfg.moe and moe.is_sparse(i)]
-    return {
-        "architectures": ["SwitchTransformersForConditionalGeneration"],
-        "model_type": "switch_transformers", "vocab_size": cfg.vocab_size,
-        "d_model": cfg.d_model, "d_kv": cfg.d_kv, "d_ff": cfg.d_ff, "num_heads": cfg.num_heads,
-        "num_layers": cfg.num_encoder_layers, "num_decoder_layers": cfg.num_layers,
-        "num_sparse_encoder_layers": len(enc), "num_sparse_decoder_layers": len(dec),
-        "num_experts": moe.num_experts, "expert_capacity": moe.expert_capacity or 64,
-        "router_bias": False, "router_jitter_noise": moe.jitter, "router_dtype": "float32",
-        "router_aux_loss_coef": moe.aux_loss_weight, "router_z_loss_coef": moe.z_loss_weight,
-        "relative_attention_num_buckets": cfg.relpos_buckets,
-        "relative_attention_max_distance": cfg.relpos_max_distance,
-        "dropout_rate": cfg.dropout, "layer_norm_epsilon": 1e-6, "dense_act_fn": "relu",
-        "tie_word_embeddings": cfg.tie_embeddings, "is_encoder_decoder": True,
-        "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
-    }
-
-
-# ------------------------------------------------------------------------------------- mapping
-
-def sources(cfg: ModelConfig, params, dense_mlp: str = "mlp") -> dict[str, Source]:
-    """{our parameter path ('decoder/layers/1/ffn/wi'): its Source} for an encoder-decoder's
-    abstract params; ``dense_mlp``: the dense blocks' name (DENSE_MLP)."""
-    out = {("embed", "embedding"): Source(("shared.weight",), False, False)}
-    if not cfg.tie_embeddings:
-        out[("lm_head",)] = Source(("lm_head.weight",), True, False)
-    for stack in ("encoder", "decoder"):
-        ffn_at = 2 if stack == "decoder" else 1
-        out[(stack, "relpos", "embedding")] = Source(
-            (f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",), False, False)
-        out[(stack, "final_norm", "scale")] = Source((f"{stack}.final_layer_norm.weight",), False,
-                                                     False)
-        for i, layer in params[stack]["layers"].items():
-            _representable(layer["ffn"], f"{stack}/layers/{i}/ffn")
-            hf = f"{stack}.block.{i}.layer"
-            mine = (stack, "layers", i)
-            for part, j, module in (("attn", 0, "SelfAttention"), ("cross", 1, "EncDecAttention")):
-                if part not in layer:
-                    continue
-                for w in "qkvo":
-                    out[mine + (part, w)] = Source((f"{hf}.{j}.{module}.{w}.weight",), True, False)
-                norm = "attn_norm" if part == "attn" else "cross_norm"
-                out[mine + (norm, "scale")] = Source((f"{hf}.{j}.layer_norm.weight",), False, False)
-            out[mine + ("ffn_norm", "scale")] = Source((f"{hf}.{ffn_at}.layer_norm.weight",), False,
-                                                       False)
-            mlp = f"{hf}.{ffn_at}.mlp"
-            weights = [w for w in FFN_WEIGHTS if w in layer["ffn"]]
-            if "router" in layer["ffn"]:
-                out[mine + ("ffn", "router", "w")] = Source((f"{mlp}.router.classifier.weight",),
-                                                            True, False)
-                for w in weights:
-                    names = tuple(f"{mlp}.experts.expert_{e}.{w}.weight"
-                                  for e in range(cfg.moe.num_experts))
-                    out[mine + ("ffn", w)] = Source(names, True, True)
-            else:
-                for w in weights:
-                    out[mine + ("ffn", w)] = Source((f"{hf}.{ffn_at}.{dense_mlp}.{w}.weight",),
-                                                    True, False)
-    return {state_lib.path_name(path): src for path, src in out.items()}
-
-
-def _representable(ffn: dict, path: str) -> None:
-    """Refuses the parameters the format has no tensors for, rather than dropping them."""
-    what = ("shared experts (moe.num_shared_experts)" if "shared" in ffn else
-            "a router balancing bias (moe.balance='bias')" if "bias" in ffn.get("router", {})
-            else None)
-    if what:
-        raise CheckpointError(f"{path} has {what}, for which the Hugging Face "
-                              "SwitchTransformers format has no tensors; keep such a model in "
-                              "switchzoo checkpoints (its run directory), and load Hugging Face "
-                              "weights into a model without it")
-
-
-def hf_shape(source: Source, shape, path: str) -> tuple[int, ...]:
-    """The shape of one HF tensor behind our parameter of ``shape`` at ``path``."""
-    single = tuple(shape[1:] if source.stacked else shape)
-    if not source.transpose:
-        return single
-    if len(single) == 3:       # attention: q/k/v [D, H, K] <- [H*K, D]; o [H, K, D] <- [D, H*K]
-        return ((single[1] * single[2], single[0]) if not path.endswith("/o")
-                else (single[2], single[0] * single[1]))
-    return single[::-1]
-
-
-def to_ours(hf_array: np.ndarray, source: Source, shape) -> np.ndarray:
-    """One HF tensor -> our layout (one expert's slice when stacked)."""
-    a = hf_array.T if source.transpose else hf_array
-    return np.asarray(a, np.float32).reshape(shape)
-
-
-def to_hf(ours: np.ndarray, source: Source, hf_shape) -> np.ndarray:
-    if source.transpose:
-        return np.ascontiguousarray(ours.reshape(tuple(hf_shape)[::-1]).T)
-    return ours.reshape(hf_shape)
-
-
-# -------------------------------------------------------------------------------------- files
 
 def _files(path: pathlib.Path) -> dict[str, tensorfile.TensorFile]:
     """{tensor name: the file holding it} for a single file or a sharded index."""
@@ -283,7 +179,7 @@ def check(cfg: ModelConfig, params, files: dict, dense_mlp: str = "mlp") -> dict
     expected = {}
     for path, src in srcs.items():
         for name in src.names:
-            expected[name] = hf_shape(src, _leaf(params, path).shape, path)
+            expected[name] = hf_shape(src, leaf_at(params, path).shape, path)
     aliases = set(ALIASES) | ({"lm_head.weight"} if cfg.tie_embeddings else set())
     missing = set(expected) - set(files)
     extra = set(files) - set(expected) - aliases
@@ -306,12 +202,6 @@ def check(cfg: ModelConfig, params, files: dict, dense_mlp: str = "mlp") -> dict
     if problems:
         raise CheckpointError("checkpoint does not match its config.json: " + "; ".join(problems))
     return srcs
-
-
-def _leaf(tree, path: str):
-    for k in path.split("/"):
-        tree = tree[k] if k in tree else tree[int(k)]
-    return tree
 
 
 def load_params(pretrained: Pretrained, setup: state_lib.Setup):
@@ -350,38 +240,3 @@ def load_params(pretrained: Pretrained, setup: state_lib.Setup):
     return params, facts
 
 
-def save(path, cfg: ModelConfig, params, hf_config: dict | None = None,
-         facts: dict | None = None, tokenizer: dict[str, bytes] | None = None) -> None:
-    """Writes config.json + model.safetensors (HF names and layouts), streaming one tensor at a
-    time to disk, and ``tokenizer`` (read_tokenizer's files) beside them. ``facts`` (from
-    loading) restore each tensor's dtype and the alias copies the source held, so a round trip
-    is bit-identical. Scanned parameters are written per layer, under the ordinary names."""
-    if cfg.moe is not None and cfg.moe.router != "tokens_choose":
-        # The weights would fit, but transformers would route them tokens-choose: another model.
-        raise CheckpointError(f"moe.router={cfg.moe.router!r}: Hugging Face SwitchTransformers "
-                              "routes tokens-choose only, so it would compute another model; "
-                              "keep this one in switchzoo checkpoints (its run directory)")
-    params = transformer.unstack_layers(params, cfg)
-    path = pathlib.Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    hf_config = hf_config or config_to_hf(cfg)
-    facts = facts or {}
-    dtypes = facts.get("dtypes", {})
-    specs, makers = {}, {}
-    for key, src in sources(cfg, params).items():
-        leaf = _leaf(params, key)
-        dtype = np.dtype(dtypes.get(key, "float32"))
-        shape = hf_shape(src, leaf.shape, key)
-        for e, name in enumerate(src.names):
-            specs[name] = (shape, dtype)
-
-            def make(leaf=leaf, e=e, src=src, shape=shape, dtype=dtype):
-                ours = np.asarray(jax.device_get(leaf[e] if src.stacked else leaf))
-                return to_hf(ours, src, shape).astype(dtype)
-            makers[name] = make
-    for alias in facts.get("aliases", [] if cfg.tie_embeddings else list(ALIASES)):
-        specs[alias], makers[alias] = specs["shared.weight"], makers["shared.weight"]
-    tensorfile.write(path / SINGLE, specs, makers, {"format": "pt"})
-    for name, data in (tokenizer or {}).items():
-        atomic.write_bytes(path / name, data)
-    atomic.write_text(path / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")

@@ -5,21 +5,23 @@ evaluation and asynchronous checkpoints."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pathlib
 import shutil
 import signal
+import sys
 import threading
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from switchzoo import (atomic, checkpoints, cli, data, distill, evaluate, hosts, steps, validate,
-                       weights, zoo)
+from switchzoo import (atomic, checkpoints, data, distill, evaluate, hosts, record, resume,
+                       steps, validate, weights, zoo)
 from switchzoo import metrics as metrics_lib
 from switchzoo import state as state_lib
+from switchzoo import upcycle as upcycle_lib
+from switchzoo import workdir as workdir_lib
 from switchzoo.data import feed as feed_lib
 from switchzoo.data import pipeline
 from switchzoo.data import tokenizer as tokenizer_lib
@@ -27,14 +29,21 @@ from switchzoo.layers import attention_impl
 
 
 def check_workdir(workdir: pathlib.Path, config) -> None:
-    """Refuses a workdir whose checkpoints belong to another model or task."""
+    """Refuses a workdir whose checkpoints belong to another model or task, a damaged
+    config.json, and a resume that changes what is trained without allow_changes
+    (switchzoo.record)."""
     saved = workdir / "config.json"
     if saved.is_file():
-        old = json.loads(saved.read_text())
+        old = record.read_config(workdir)
         for key in ("model", "task"):
             if old.get(key) != config[key]:
                 raise ValueError(f"{workdir} holds a run of {key} '{old.get(key)}', not "
                                  f"'{config[key]}'; use a new --workdir (nothing was changed)")
+        ckpts = workdir / "checkpoints"
+        trained = [int(p.name) for p in ckpts.iterdir() if p.name.isdigit()] \
+            if ckpts.is_dir() else []
+        if trained:                 # committed checkpoints: the record holds since then
+            record.check_resume(workdir, config, config.restore_step or max(trained))
     workdir.mkdir(parents=True, exist_ok=True)
 
 
@@ -105,16 +114,48 @@ def check_model(config, workdir: pathlib.Path, layout, origin) -> state_lib.Setu
     return state_lib.setup_run(config, layout, cfg)
 
 
-def save_config(workdir: pathlib.Path, config, cfg) -> None:
+def save_config(workdir: pathlib.Path, config, cfg, start: int = 0) -> list[str]:
     """The resolved run config and model (what eval.py rebuilds: a fine-tuned Hugging Face
-    model is in no catalogue), written once the run is known to start."""
-    atomic.write_text(workdir / "config.json",
-                      config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+    model is in no catalogue), written once the run is known to start (at step ``start``: the
+    training settings it changes are recorded there, switchzoo.record); the lines saying so."""
+    resumed = start and (workdir / "config.json").is_file()
+    changes = record.changed(workdir, config)[0] if resumed else []
+    atomic.write_text(workdir / "config.json", record.config_text(workdir, config, start))
     weights.write_model(workdir, cfg)
+    return [f"allow_changes: recorded in {workdir / 'config.json'} from step {start}: "
+            f"{record.describe(changes)}"] if changes else []
 
 
 def train(config, workdir, print_fn=print) -> dict:
-    """Runs (or resumes) the run of ``config`` in ``workdir``; returns the last logged row."""
+    """Runs (or resumes) the run of ``config`` in ``workdir``; returns the last logged row.
+    The run is the workdir's one writer (it holds its lock, switchzoo.workdir, while it runs),
+    and takes SIGINT (Ctrl-C) as it takes SIGTERM: a preemption (Preemption)."""
+    lock = workdir_lib.Lock(workdir)
+    try:
+        with Preemption() as interrupts:
+            return _train(config, workdir, print_fn, lock, interrupts)
+    finally:
+        lock.release()
+
+
+def hold(lock: workdir_lib.Lock, lead: bool, processes: int) -> None:
+    """Process 0 takes the workdir's lock (refused: another train.py holds it, or the workdir
+    cannot be written); every process stops alike on a refusal, before anything is written."""
+    refusal = None
+    if lead:
+        try:
+            lock.take()
+        except workdir_lib.Refused as e:
+            if processes == 1:
+                raise
+            refusal = str(e)
+    if processes > 1:
+        refusal = hosts.allgather_json(refusal, processes)[0]
+    if refusal:
+        raise workdir_lib.Refused(refusal)
+
+
+def _train(config, workdir, print_fn, lock: workdir_lib.Lock, interrupts: Preemption) -> dict:
     workdir = pathlib.Path(workdir)
     if jax.process_count() > 1:                 # first: a differing config could fail anywhere
         hosts.check_same_config(config.to_json_best_effort(sort_keys=True))
@@ -133,6 +174,7 @@ def train(config, workdir, print_fn=print) -> dict:
 
     origin = weights.resolve(config.init_from) if config.init_from else None
     setup = check_model(config, workdir, layout, origin)   # before anything is written
+    hold(lock, lead, share.processes)
 
     def build_data():
         return data.build(config.data, workdir, task=config.task, batch_size=share.rows,
@@ -154,8 +196,8 @@ def train(config, workdir, print_fn=print) -> dict:
                                          ds.tokenizer.num_pieces)
         check_vocabulary(workdir, cfg)
         ckpt = checkpoints.Checkpoints(workdir / "checkpoints", config.checkpoint_every_steps,
-                                       config.keep_checkpoints)
-        latest = ckpt.latest_step()
+                                       config.keep_checkpoints, writer=lead)
+        latest = resume.start_step(ckpt, config.restore_step)
         if latest is not None and latest > config.num_train_steps:
             ckpt.close()          # a finished run (latest == steps) resumes and stops at once
             print_fn(f"{workdir} is already at step {latest}, past num_train_steps="
@@ -168,7 +210,8 @@ def train(config, workdir, print_fn=print) -> dict:
             if cfg != setup.cfg:          # the tokenizer is not the one foreseen
                 setup = state_lib.setup_run(config, layout, cfg)
             loaded = []                       # what init_from loaded: said below
-            state = _initial_state(setup, ckpt, ds, origin, loaded.append)
+            state = _initial_state(setup, ckpt, ds, origin, loaded.append,
+                                   config.restore_step)
         except BaseException:
             ckpt.close()                      # no async machinery left behind a clean error
             raise
@@ -176,7 +219,8 @@ def train(config, workdir, print_fn=print) -> dict:
         if teacher is not None and start == 0 and not config.init_from:   # a checkpoint wins
             state = distill.start_from_teacher(state, teacher, print_fn)
         if lead:
-            save_config(workdir, config, cfg)
+            loaded += save_config(workdir, config, cfg, start)
+        interrupts.begin()          # the start is complete: a signal now checkpoints a step
     schedule = state_lib.make_schedule(config.schedule, config.learning_rate, config.warmup_steps)
     print_fn(f"data: {ds.description}")
     print_fn(f"model {config.model}: {sum(x.size for x in jax.tree.leaves(state.params)):,} "
@@ -196,6 +240,11 @@ def train(config, workdir, print_fn=print) -> dict:
                                     teacher.setup if teacher else None, config.distill.weight,
                                     config.loss_chunk)
     teacher_args = (teacher.params,) if teacher else ()    # an argument, never a constant
+    # moe.straight_through_steps N > 0: the steps after the first N train the router without it
+    st_last, plain = upcycle_lib.straight_through_phase(setup, origin, config.num_train_steps)
+    plain_fn = step_fn if plain is None else steps.make_train_step(
+        plain, config.label_smoothing, config.grad_accum_steps,
+        teacher.setup if teacher else None, config.distill.weight, config.loss_chunk)
     eval_fn = steps.make_eval_step(setup)
     writer = metrics_lib.Writer(workdir, config.num_train_steps, start)
     last, throughput = {}, metrics_lib.Throughput()
@@ -203,14 +252,16 @@ def train(config, workdir, print_fn=print) -> dict:
     # devices a step early, before the loop blocks on a step's metrics (switchzoo.data.feed)
     feed = feed_lib.Feed(ds.train, placer(layout, share, config.data.prefetch),
                          ahead=1 if config.data.prefetch else 0)
-    with Preemption() as preempted:
+    with interrupts.training() as preempted:
         try:
             for step in range(start + 1, config.num_train_steps + 1):
                 batch, placed = next(feed)          # this process's rows; the step's input
-                state, m = step_fn(state, placed, *teacher_args)
+                state, m = (step_fn if step <= st_last else plain_fn)(state, placed,
+                                                                      *teacher_args)
                 throughput.add(m["tokens"])
                 if step == start + 1:
                     throughput.restart(state)        # this process's first step: it compiled
+                ckpt.check()          # a save that failed in the background stops the run now
                 stopping = preempted() or ckpt.manager.reached_preemption(step)
                 final = step == config.num_train_steps or stopping
                 saving = final or ckpt.manager.should_save(step)
@@ -259,7 +310,7 @@ def check_vocabulary(workdir: pathlib.Path, cfg) -> None:
     saved = workdir / evaluate.MODEL_FILE
     if not saved.is_file() or not (workdir / "checkpoints").is_dir():
         return
-    trained = json.loads(saved.read_text()).get("vocab_size")
+    trained = weights.read_model(saved).vocab_size        # one line where it is damaged
     if trained is not None and trained != cfg.vocab_size:
         raise ValueError(f"{workdir} was trained with a vocabulary of {trained} ids, but its "
                          f"tokenizer now gives {cfg.vocab_size} (switchzoo vocabularies keep "
@@ -276,48 +327,82 @@ def check_finite(step: int, m: dict) -> None:
             "checkpoint is kept (lower the learning rate or use float32)")
 
 
+class Interrupted(KeyboardInterrupt):
+    """A signal that stopped a run before its training began (``signum``: which)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted ({signal.Signals(signum).name}) before training began: "
+                         "what this start wrote was taken back; run the same command to start "
+                         "again")
+        self.signum = signum
+
+
 class Preemption:
-    """SIGTERM (what schedulers send before preemption) asks the loop to checkpoint the current
-    step and stop cleanly; ``with Preemption() as preempted: ... preempted()``. Multi-host runs
-    leave the signal to JAX's preemption service (Orbax's reached_preemption)."""
+    """SIGTERM (what schedulers send before preemption) and SIGINT (Ctrl-C, what a person at a
+    terminal sends), for a whole run: ``with Preemption() as interrupts:``. While the run
+    starts, a signal raises Interrupted, so FailedStart takes back what the start wrote. From
+    ``interrupts.begin()`` (the start is complete) the first signal asks the loop to checkpoint
+    the current step and stop cleanly (``with interrupts.training() as preempted: ...
+    preempted()``; exit 0), and a second SIGINT stops at once: one line, exit 130, the committed
+    checkpoints kept. Python runs handlers in the main thread, so the input pipeline's threads
+    never see a KeyboardInterrupt. One process only: multi-host runs leave SIGTERM to JAX's
+    preemption service (Orbax's reached_preemption). An ignored signal (nohup) stays ignored."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __enter__(self):
-        self.flag, self.previous = False, None
+        self.flag, self.started, self.previous = False, False, {}
         if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, self._handle)
-        return lambda: self.flag
+            for signum in self.SIGNALS:
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def begin(self) -> None:
+        self.started = True
+
+    @contextlib.contextmanager
+    def training(self):
+        self.begin()
+        yield lambda: self.flag
 
     def _handle(self, signum, frame):
+        if not self.started:
+            raise Interrupted(signum)
+        if self.flag and signum == signal.SIGINT:
+            sys.stderr.write("\nerror: interrupted again: stopped at once, without saving this "
+                             "step; the committed checkpoints are kept: run the same command to "
+                             "resume from the newest\n")
+            sys.stderr.flush()
+            os._exit(130)
+        if not self.flag and signum == signal.SIGINT:
+            sys.stderr.write("\ninterrupted: saving this step, then stopping (Ctrl-C again "
+                             "stops at once)\n")
+            sys.stderr.flush()
         self.flag = True
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
+        for signum, previous in self.previous.items():
+            signal.signal(signum, previous)
         return False
 
 
 def _initial_state(setup: state_lib.Setup, ckpt, ds, origin: weights.Origin | None,
-                   print_fn=print):
-    """Resume from the newest committed checkpoint; else start from the weights init_from names
-    (``origin``: a Hugging Face directory or another run's workdir) with a fresh optimizer at
-    step 0, saying what it loaded; else a fresh initialisation."""
-    latest = ckpt.latest_step()
-    if latest is not None:
-        try:
-            state, data_state = ckpt.restore(latest, setup.abstract, setup.shardings)
-        except (ValueError, KeyError, OSError, RuntimeError, TypeError) as e:
-            raise ValueError(f"checkpoint {latest} in {ckpt.directory} cannot be restored for "
-                             f"this config ({cli.one_line(e)[:300]}); it was left as it is: a --config "
-                             "setting that shapes the parameters (e.g. moe.balance, "
-                             "moe.num_shared_experts, scan_layers) may differ from the run's; "
-                             "use the run's settings, another --workdir, or move a damaged step "
-                             "directory away") from e
+                   print_fn=print, restore_step: int | None = None):
+    """Resume from the newest committed checkpoint (or restore_step's, switchzoo.resume); else
+    start from the weights init_from names (``origin``: a Hugging Face directory or another
+    run's workdir) with a fresh optimizer at step 0, saying what it loaded; else a fresh
+    initialisation."""
+    restored = resume.restore(ckpt, setup, restore_step, print_fn)
+    if restored is not None:
+        state, data_state = restored
         ds.train.set_state(data_state)
         return state
     if origin is not None:
         params = origin.load(setup)
         leaves = jax.tree.leaves(params)
+        state, start = upcycle_lib.continued_state(origin, setup, setup.state_from(params))
         print_fn(f"init_from: loaded {len(leaves)} tensors ({sum(x.size for x in leaves):,} "
-                 f"parameters) from {origin.describe()}; a fresh optimizer from step 0")
-        return setup.state_from(params)
+                 f"parameters) from {origin.describe()}; {start}")
+        return state
     return setup.init()

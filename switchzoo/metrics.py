@@ -11,6 +11,8 @@ import jax
 import numpy as np
 import tqdm
 
+from switchzoo import atomic, workdir
+
 
 def row(step: int, metrics: dict, learning_rate: float, tokens_per_sec: float | None) -> dict:
     """The metrics.jsonl record of one logged step (per-layer Switch metrics as lists)."""
@@ -62,6 +64,37 @@ def summary_writer(path):
     return SummaryWriter(str(path))
 
 
+METRICS_FILE = "metrics.jsonl"
+
+
+def mend_cut_line(path: pathlib.Path, stream=sys.stderr) -> None:
+    """A metrics.jsonl whose last line a crash cut (no newline at its end): that row is lost
+    (read_rows skips it), said in one line, and a newline ends it, so the next row starts on a
+    line of its own."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-1, 2)
+            if f.read(1) == b"\n":
+                return
+    except (FileNotFoundError, OSError):       # no file, or an empty one
+        return
+    print(f"warning: the last line of {path} was cut (the run stopped while writing it); it is "
+          "ignored and logging goes on from the next line", file=stream)
+    with open(path, "a") as f:
+        f.write("\n")
+
+
+def read_rows(path) -> list[dict]:
+    """The rows of a metrics.jsonl, without a line a crash cut (mend_cut_line)."""
+    rows = []
+    for line in pathlib.Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 # Fields of a row that are bookkeeping, not curves (the batch fingerprints: switchzoo.hosts).
 NOT_PLOTTED = ("step", "batch_sha1", "shard_sha1", "shard_process")
 
@@ -69,9 +102,12 @@ NOT_PLOTTED = ("step", "batch_sha1", "shard_sha1", "shard_process")
 class Writer:
     """metrics.jsonl, TensorBoard and the progress bar of one run; only process 0 writes."""
 
-    def __init__(self, workdir, total_steps: int, start_step: int = 0, stream=sys.stderr):
+    def __init__(self, workdir, total_steps: int, start_step: int = 0, stream=None):
         self.path = pathlib.Path(workdir)
+        stream = stream or sys.stderr               # the one at the time (a test's capture)
         self.active = jax.process_index() == 0      # one process writes
+        if self.active:             # before the bar: the warning gets a line of its own
+            mend_cut_line(self.path / METRICS_FILE, stream)
         # Steps, ETA from the steps run in this process (resumed ones excluded), loss, tok/s.
         self.bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", file=stream,
                              disable=not self.active, dynamic_ncols=True, leave=True,
@@ -83,8 +119,8 @@ class Writer:
     def write(self, record: dict, prefix: str = "train") -> None:
         if not self.active:
             return
-        with open(self.path / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"split": prefix, **record}) + "\n")
+        # the whole line or, on a full disk, none of it (a one-line error)
+        atomic.append(self.path / METRICS_FILE, json.dumps({"split": prefix, **record}) + "\n")
         step = record["step"]
         for key, value in record.items():
             if key in NOT_PLOTTED or value is None or isinstance(value, str):
@@ -95,7 +131,10 @@ class Writer:
             elif value.ndim == 1:                     # one value per Switch layer
                 for i, v in enumerate(value):
                     self.tb.add_scalar(f"{prefix}/{key}/layer{i}", float(v), step)
-        self.tb.flush()
+        try:
+            self.tb.flush()
+        except OSError as e:
+            raise workdir.explain(e, self.path / "tensorboard") or e from e
 
     def progress(self, step: int, loss: float, tokens_per_sec: float | None) -> None:
         """Moves the bar to ``step`` with the latest loss and tokens per second."""
@@ -106,4 +145,7 @@ class Writer:
     def close(self) -> None:
         self.bar.close()
         if self.active:
-            self.tb.close()
+            try:
+                self.tb.close()
+            except OSError:     # a full disk: the error that stopped the run says so
+                pass

@@ -18,6 +18,10 @@ from switchzoo.layers import Init, Mlp, dropout, ffn_params, ffn_weights, mlp, s
 from switchzoo.layout import LayoutError, active, constrain
 from switchzoo.routing import Router, choose, experts_choose_route, route
 
+# The stats under which each Switch layer returns routing.Balance's fields (loss_reduction
+# "pooled"); the model's loss reduction (transformer._stack) takes them out of the metrics.
+BALANCE_STATS = ("balance_tokens", "balance_chosen", "balance_prob")
+
 
 def num_groups(batch: int, length: int, group_size: int, shards: int = 1) -> int:
     """Groups of at most ``group_size`` tokens (0: each sequence is a group), as flaxformer's
@@ -117,7 +121,7 @@ class SwitchFFN(nnx.Module):
                 r = experts_choose_route(logits_GNE, C, valid_GN)
             else:
                 r = route(logits_GNE, cfg.top_k, C, cfg.normalize_top_k, valid_GN, bias_E,
-                          cfg.gates_sum_to_one)
+                          cfg.gates_sum_to_one, cfg.straight_through_steps != 0)
             # Pin the routing (indices or masks) to the tokens' devices, so the partitioner
             # moves tokens (one all-to-all each way) rather than routing.
             slot_dims = ("groups", "experts", "expert_capacity")
@@ -169,8 +173,16 @@ class SwitchFFN(nnx.Module):
             else:
                 y_GND = jnp.einsum("EGCD,GNEC->GND", y_EGCD, combine_GNEC)
             y_GND = constrain(y_GND, ("groups", "group_size", "d_model"))
-        stats = {"aux_loss": r.aux_loss, "z_loss": r.z_loss, **r.metrics}
+        stats = {"aux_loss": r.aux_loss, "z_loss": r.z_loss, **r.metrics,
+                 **self._balance(r.balance)}
         return y_GND.reshape(B, L, D), stats
+
+    def _balance(self, balance) -> dict:
+        """eq. 4's sums (routing.Balance) as stats, for the stack to pool over its layers
+        (BALANCE_STATS); only the "pooled" loss reduction reads them."""
+        if self.cfg.loss_reduction != "pooled":
+            return {}
+        return dict(zip(BALANCE_STATS, balance))
 
     def _dropless_runs(self, x_shape) -> bool:
         return dropless.supports(active(), x_shape,
@@ -181,7 +193,7 @@ class SwitchFFN(nnx.Module):
         cfg = self.cfg
         B, L, _ = x_BLD.shape
         c = choose(logits_GNE, cfg.top_k, cfg.normalize_top_k, valid_GN, bias_E,
-                   cfg.gates_sum_to_one)
+                   cfg.gates_sum_to_one, cfg.straight_through_steps != 0)
         valid_BL = (jnp.ones((B, L), bool) if valid_GN is None
                     else valid_GN.reshape(B, L).astype(bool))
         y_BLD = dropless.layer(x_BLD, c.index_GNP.reshape(B, L, -1),
@@ -189,5 +201,6 @@ class SwitchFFN(nnx.Module):
                                cfg.num_experts, active(), cfg.grouped_matmul, cfg.block_size,
                                cfg.expert_dropout, drop_rng)
         stats = {"aux_loss": c.aux_loss, "z_loss": c.z_loss,
-                 "dropped_fraction": jnp.zeros((), jnp.float32), **c.metrics}
+                 "dropped_fraction": jnp.zeros((), jnp.float32), **c.metrics,
+                 **self._balance(c.balance)}
         return y_BLD, stats

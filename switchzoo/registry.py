@@ -1,10 +1,13 @@
 """Catalogues shipped as data inside the package (switchzoo.models, switchzoo.configs.tables):
-each is imported once per process, and names are looked up with a suggestion for a near miss."""
+each is imported once per process, and names are looked up with a suggestion for a near miss;
+run configs (switchzoo.configs) are found by path (config_path)."""
 from __future__ import annotations
 
 import difflib
 import functools
 import importlib
+import importlib.resources
+import pathlib
 import pkgutil
 import types
 
@@ -35,3 +38,16 @@ def modules(package: str, first: str = "") -> tuple[types.ModuleType, ...]:
 def stem(module: types.ModuleType) -> str:
     """A catalogue module's own name: 'switch' for switchzoo.models.switch."""
     return module.__name__.rpartition(".")[2]
+
+
+def config_path(path: str) -> str:
+    """``configs/NAME.py`` as given when it exists here (a clone), else the copy installed in
+    the package (switchzoo.configs), else as given (and the loader's error names it)."""
+    if pathlib.Path(path).exists():
+        return path
+    parent, name = pathlib.Path(path).parent.name, pathlib.Path(path).name
+    if parent in ("configs", "") and name.endswith(".py"):
+        packaged = importlib.resources.files("switchzoo.configs") / name
+        if packaged.is_file():
+            return str(packaged)
+    return path

@@ -19,6 +19,33 @@ from flax import nnx
 from switchzoo.layers import Init
 
 
+class Balance(NamedTuple):
+    """Switch eq. 4's parts as sums over each routing group's valid tokens, which add over
+    layers (MoeConfig.loss_reduction="pooled": one eq. 4 per stack, pooled_aux_loss)."""
+    tokens_G: jax.Array           # valid tokens
+    chosen_GE: jax.Array          # of them, those whose first choice is e (before capacity)
+    prob_GE: jax.Array            # their router probabilities for e, summed
+
+
+def switch_aux_loss(b: Balance) -> jax.Array:
+    """Switch eq. 4 (alpha = 1; 1.0 at perfect balance): E * sum_e f_e * P_e in each group with
+    tokens (f_e: the fraction of its tokens whose first choice is e; P_e: their mean probability
+    for e), averaged over those groups."""
+    E = b.chosen_GE.shape[-1]
+    tokens_G = jnp.maximum(b.tokens_G, 1.0)
+    fraction_GE = b.chosen_GE / tokens_G[:, None]
+    prob_GE = b.prob_GE / tokens_G[:, None]
+    return jnp.sum(fraction_GE * prob_GE) / jnp.maximum(jnp.sum(b.tokens_G > 0), 1.0) * E
+
+
+def pooled_aux_loss(b_L: Balance) -> jax.Array:
+    """One Switch eq. 4 over layers pooled ([layers, G, ...] sums; each group the same tokens in
+    every layer, as in one stack): f_e and P_e are means over the group's tokens of all the
+    layers, as transformers' load_balancing_loss_func over the router logits of a stack's
+    Switch layers concatenated per sequence (a group is a sequence where moe.group_size is 0)."""
+    return switch_aux_loss(Balance(*(jnp.sum(x, axis=0) for x in b_L)))
+
+
 class Routing(NamedTuple):
     token_GEC: jax.Array          # int32: the token in slot c of expert e; N where it is empty
     weight_GEC: jax.Array         # that token's combine weight (its gate; 0 where empty)
@@ -34,6 +61,7 @@ class Routing(NamedTuple):
     slot_GNP: jax.Array | None = None
     kept_GNP: jax.Array | None = None
     gate_GNP: jax.Array | None = None
+    balance: Balance | None = None   # eq. 4's sums (zero for experts-choose: no aux loss)
 
     @property
     def dispatch_GNEC(self):
@@ -108,15 +136,17 @@ def _top_k(probs_GNE, k: int, scores_GNE):
     return jnp.stack(gates, -1), jnp.stack(indices, -1).astype(jnp.int32)
 
 
-def _sum_to_one(gates_GNP, kept_GNP):
+def _sum_to_one(gates_GNP, kept_GNP, straight_through: bool = False):
     """Each token's gates over its kept picks, renormalised to sum to one (zero where none is
-    kept; moe.gates_sum_to_one), differentiated as the raw ``gates_GNP`` (straight-through):
-    the exact renormalised gate of a token with one expert is the constant 1, which would leave
-    the router nothing but the aux and z losses to learn from (Komatsuzaki et al. 2022,
-    app. B.7, note this "vanishing routing gradient" and accept it; top-1 has it everywhere)."""
+    kept; moe.gates_sum_to_one), differentiated as that value (the renormalised gate of a token
+    with one expert is the constant 1: the router learns from the aux and z losses alone, the
+    "vanishing routing gradient" Komatsuzaki et al. 2022, app. B.7, note and accept), or with
+    ``straight_through`` as the raw ``gates_GNP`` (moe.straight_through_steps)."""
     kept_GNP = gates_GNP * kept_GNP
     total_GN1 = jnp.sum(kept_GNP, axis=-1, keepdims=True)
     value_GNP = kept_GNP / jnp.where(total_GN1 > 0, total_GN1, 1.0)
+    if not straight_through:
+        return value_GNP
     return jax.lax.stop_gradient(value_GNP) + (gates_GNP - jax.lax.stop_gradient(gates_GNP))
 
 
@@ -140,10 +170,11 @@ class Choices(NamedTuple):
     z_loss: jax.Array
     metrics: dict                 # expert_load [E], router_confidence, routed_tokens
                                   # (and bias_balance)
+    balance: Balance              # aux_loss's sums
 
 
 def choose(logits_GNE, top_k: int, normalize: bool = True, valid_GN=None,
-           bias_E=None, sum_to_one: bool = False) -> Choices:
+           bias_E=None, sum_to_one: bool = False, straight_through: bool = False) -> Choices:
     """Each token's top-k experts and gates, and the routing losses (no capacity yet).
     Tokens with ``valid_GN`` false (padding) pick nothing and count in no loss or metric.
 
@@ -165,29 +196,28 @@ def choose(logits_GNE, top_k: int, normalize: bool = True, valid_GN=None,
     scores_GNE = probs_GNE if bias_E is None else probs_GNE + bias_E
     gates_GNP, index_GNP = _top_k(probs_GNE, top_k, scores_GNE)
     if sum_to_one:                       # every pick is kept here (dropless serves them all)
-        gates_GNP = _sum_to_one(gates_GNP, valid_GN[..., None])
+        gates_GNP = _sum_to_one(gates_GNP, valid_GN[..., None], straight_through)
     elif normalize and top_k > 1:
         gates_GNP = gates_GNP / jnp.sum(gates_GNP, axis=-1, keepdims=True)
     mask_GNPE = jax.nn.one_hot(index_GNP, E, dtype=jnp.float32) * valid_GN[:, :, None, None]
 
     # Switch eq. 4 over first choices (as GShard), so it is 1.0 at perfect balance for any k:
     # E * sum_e f_e * P_e, f_e = fraction of tokens whose first choice is e, P_e = mean prob.
-    tokens_G = jnp.maximum(jnp.sum(valid_GN, axis=1), 1.0)          # routed tokens per group
-    fraction_GE = jnp.sum(mask_GNPE[:, :, 0], axis=1) / tokens_G[:, None]
-    prob_GE = jnp.sum(probs_GNE * valid_GN[..., None], axis=1) / tokens_G[:, None]
-    aux_loss = jnp.sum(fraction_GE * prob_GE) / jnp.maximum(jnp.sum(jnp.any(valid_GN > 0, 1)),
-                                                            1.0) * E
+    balance = Balance(jnp.sum(valid_GN, axis=1), jnp.sum(mask_GNPE[:, :, 0], axis=1),
+                      jnp.sum(probs_GNE * valid_GN[..., None], axis=1))
+    aux_loss = switch_aux_loss(balance)
     z_loss, diagnostics = _z_loss_and_confidence(logits_GNE, probs_GNE, valid_GN, count)
     load_E = jnp.sum(mask_GNPE, axis=(0, 1, 2)) / (count * top_k)     # before capacity
     metrics = {"expert_load": load_E, **diagnostics, "routed_tokens": jnp.sum(valid_GN)}
     if bias_E is not None:
         metrics["bias_balance"] = jnp.sum(
             bias_E * jax.lax.stop_gradient(load_E - 1.0 / E))
-    return Choices(gates_GNP, index_GNP, mask_GNPE, aux_loss, z_loss, metrics)
+    return Choices(gates_GNP, index_GNP, mask_GNPE, aux_loss, z_loss, metrics, balance)
 
 
 def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
-          valid_GN=None, bias_E=None, sum_to_one: bool = False) -> Routing:
+          valid_GN=None, bias_E=None, sum_to_one: bool = False,
+          straight_through: bool = False) -> Routing:
     """Picks each token's top-k experts and gives it a slot while the expert has room.
 
     Priority is by choice, then position: every token's first choice is served (in position
@@ -213,7 +243,8 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
     kept_GNP = kept_f_GNP > 0
     # sum_to_one: over the picks that kept a slot (B.7's "after routing": a top-2 token that
     # lost one pick gets gate 1 on the other, where normalize_top_k's are set before capacity)
-    gates_GNP = _sum_to_one(c.gates_GNP, kept_f_GNP) if sum_to_one else c.gates_GNP
+    gates_GNP = (_sum_to_one(c.gates_GNP, kept_f_GNP, straight_through) if sum_to_one
+                 else c.gates_GNP)
     gate_GNP = gates_GNP * kept_f_GNP
     cell_GNP = jnp.where(kept_GNP, c.index_GNP * capacity + slot_GNP, E * capacity)
     pick_GEC = _fill_slots(cell_GNP, capacity, E)
@@ -228,7 +259,7 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
     }
     return Routing(token_GEC, weight_GEC.reshape(G, E, capacity),
                    jnp.sum(kept_GNP, -1, dtype=jnp.int32), c.aux_loss, c.z_loss, metrics,
-                   c.index_GNP, slot_GNP, kept_GNP, gate_GNP)
+                   c.index_GNP, slot_GNP, kept_GNP, gate_GNP, c.balance)
 
 
 def experts_choose_route(logits_GNE, capacity: int, valid_GN=None) -> Routing:
@@ -268,5 +299,6 @@ def experts_choose_route(logits_GNE, capacity: int, valid_GN=None) -> Routing:
         **diagnostics,
         "routed_tokens": jnp.sum(valid_f_GN),
     }
+    zeros_GE = jnp.zeros((G, E), jnp.float32)
     return Routing(token_GEC, weight_GEC, served_GN, jnp.zeros((), jnp.float32), z_loss,
-                   metrics)
+                   metrics, balance=Balance(jnp.sum(valid_f_GN, axis=1), zeros_GE, zeros_GE))

@@ -4,7 +4,8 @@ statistics, and the results.json a finished eval leaves in its workdir.
 Running the model (beam search, summing the NLL, sowing the routing metrics) is eval.py's job;
 everything here is a pure function of numbers and strings, so it is tested without a model.
 
-results.json (one per workdir, rewritten by each eval):
+results.json (one per workdir, rewritten by each eval of the run's own evaluation set; other
+sets write results-NAME-HASH.json beside it, switchzoo.record.results_names):
     {"step", "split", "bleu" (or null), "token_perplexity", "word_perplexity" (or null), "loss",
      "neg_log_perplexity", "dropped_fraction": [per Switch layer],
      "expert_load": [[per Switch layer, per expert]], ...any extra keys the caller adds}
@@ -110,11 +111,12 @@ def _jsonable(x):
     raise TypeError(f"results.json: {type(x).__name__} is not JSON-serialisable")
 
 
-def write_results(workdir, results: dict) -> pathlib.Path:
-    """Write workdir/results.json atomically (switchzoo.atomic), so a reader (tables.collect,
-    a crashed eval) never sees half a file."""
+def write_results(workdir, results: dict, name: str = RESULTS_FILE) -> pathlib.Path:
+    """Write workdir/results.json (or ``name``: another evaluation set's, switchzoo.record)
+    atomically (switchzoo.atomic), so a reader (tables.collect, a crashed eval) never sees
+    half a file."""
     text = json.dumps(results, indent=1, default=_jsonable, allow_nan=False) + "\n"
-    return atomic.write_text(pathlib.Path(workdir) / RESULTS_FILE, text)
+    return atomic.write_text(pathlib.Path(workdir) / name, text)
 
 
 def read_results(workdir) -> dict:

@@ -29,6 +29,7 @@ from switchzoo.config import ModelConfig
 from switchzoo.optim import (BATCH_DIMS, SCHEDULES, batch_dims, bias_update,  # noqa: F401
                              linear_rsqrt_schedule, make_optimizer, make_schedule, moment,
                              per_layer, rsqrt_schedule, scale_routers)
+from switchzoo.paths import path_name      # also state.path_name, as its callers use it
 
 
 class TrainState(NamedTuple):
@@ -38,13 +39,6 @@ class TrainState(NamedTuple):
 
 
 # ------------------------------------------------------------------------- paths and dims
-
-def path_name(path) -> str:
-    """'decoder/layers/1/ffn/wi' for a jax key path (or a tuple of plain keys)."""
-    if all(isinstance(k, (str, int)) for k in path):
-        return "/".join(map(str, path))
-    return jax.tree_util.keystr(tuple(path), simple=True, separator="/")
-
 
 def module_dims(module: nnx.Module) -> dict[str, tuple[str, ...]]:
     """{parameter path: its logical dims} from the ``dims`` annotations."""

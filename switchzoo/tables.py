@@ -14,9 +14,10 @@ Runs that match one row and differ only by their config's ``seed`` (how often th
 evaluate and checkpoint, and where they read the vocabulary from, are not differences; the
 vocabulary is compared by content) are shown as one row: the mean over the seeds, with their
 spread (max - min). Otherwise the run evaluated at the latest step is shown. Each ordering the
-paper shows is printed with its margin, the smallest difference between a 'better' and a
-'worse' row in the metric's good direction (positive when the claim holds), and the largest
-seed spread of its rows; a margin under twice that spread is within seed noise.
+paper shows is judged by the one seed-noise rule (switchzoo.noise): each 'better' row against
+each 'worse' row over the seeds both ran, the margin the mean same-seed gap in the metric's good
+direction, the noise the spread of those gaps (two or more common seeds), else the table's
+largest one-row seed spread; the ordering's margin is its pairs' smallest.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import pathlib
 import statistics
 import sys
 
-from switchzoo import registry, scores
+from switchzoo import noise, registry, scores
 
 TABLES = "switchzoo.configs.tables"          # the tables package (configs/tables/ in a clone)
 _REQUIRED = ("title", "source", "metric", "columns", "rows", "command")
@@ -39,7 +40,6 @@ SEED = "seed"
 # checkpoints, and where it reads its vocabulary from (compared by content instead: _vocabulary).
 BOOKKEEPING = ("log_every_steps", "eval_every_steps", "checkpoint_every_steps",
                "keep_checkpoints", "data.vocab_path")
-NOISE = 2.0        # a margin under NOISE x the largest seed spread of its rows is within noise
 
 
 def _load_all() -> dict[str, dict]:
@@ -196,7 +196,7 @@ def _assign(table: dict, runs: list[dict]):
         best = max(candidates, key=_step)                 # the first of the latest
         setup, group, seeds = _setup(best), [], set()
         for run in candidates:
-            seed = run["config"].get(SEED)
+            seed = run["config"].get(SEED) or 0          # configs/base.py's default
             if _step(run) == _step(best) and seed not in seeds and _setup(run) == setup:
                 group.append(run)
                 seeds.add(seed)
@@ -239,21 +239,33 @@ def _ours(group: list[dict] | None, key: str):
 def _spread(group: list[dict] | None, key: str) -> float | None:
     """max - min of the row's value over its seeds; None for one run (no spread measured)."""
     values = [_ours_one(run, key) for run in group or ()]
-    if len(values) < 2 or any(v is None for v in values) or not _numbers(values):
-        return None
-    return max(values) - min(values)
+    return noise.spread(values) if _numbers(values) else None
 
 
 def check_ordering(name: str, run_dirs: list[str]) -> list[dict]:
-    """Each of the table's orderings: {"claim", "holds": True / False / None (a run is missing),
-    "margin", "seed_spread", "within_noise", "detail"}. A claim holds when every 'better' row
-    beats every 'worse' row on its metric; the margin is the smallest such difference in the
-    metric's good direction (positive when it holds), seed_spread the largest spread (max - min
-    over seeds) of the claim's rows (None: one seed each), and within_noise whether |margin| <
-    2 x seed_spread (None without a spread)."""
+    """Each of the table's orderings: {"claim", "holds" (None: a row has no run, or two rows no
+    seed in common), "margin" (the smallest pair margin), "compared" (the pair that decides the
+    noise verdict), "pair_margin", "seeds", "noise", "noise_from", "ratio" (that pair's, from
+    noise.compare), "within_noise" (None: one seed in every row, no noise estimate), "detail"}.
+    A claim holds when every (better, worse) pair does; the pair that decides is the one with
+    the least margin / noise (signed): the claim is beyond noise when every pair is (holds), or
+    when a failing pair is (fails)."""
     table = get(name)
     chosen, _, _ = _assign(table, [load_run(d) for d in run_dirs])
     return [_check(claim, table, chosen) for claim in table.get("orderings", ())]
+
+
+def _by_seed(group: list[dict] | None, key: str) -> dict:
+    return {run["config"].get(SEED) or 0: _ours_one(run, key) for run in group or ()}
+
+
+def _evidence(c: dict) -> float:
+    """margin / noise with its sign: how far a pair is from level in units of its noise."""
+    if c["noise"] is None:
+        return c["margin"]
+    if c["noise"] > 0:
+        return c["margin"] / c["noise"]
+    return math.copysign(math.inf, c["margin"]) if c["margin"] else 0.0
 
 
 def _check(claim: dict, table: dict, chosen: dict) -> dict:
@@ -262,35 +274,61 @@ def _check(claim: dict, table: dict, chosen: dict) -> dict:
     better, worse = _as_list(claim["better"]), _as_list(claim["worse"])
     labels = list(dict.fromkeys(better + worse))
     values = {label: _ours(chosen.get(label), metric) for label in labels}
-    result = {"claim": claim["claim"], "holds": None, "margin": None, "seed_spread": None,
-              "within_noise": None}
-    if any(v is None for v in values.values()):
-        missing = [label for label, v in values.items() if v is None]
+    result = {"claim": claim["claim"], "holds": None, "margin": None, "compared": None,
+              "pair_margin": None, "seeds": None, "noise": None, "noise_from": None,
+              "ratio": None, "within_noise": None}
+    missing = [label for label, v in values.items() if v is None]
+    if missing:
         return {**result, "detail": "no run for " + ", ".join(missing)}
-    margin = min((values[b] - values[w]) if higher else (values[w] - values[b])
-                 for b in better for w in worse)
-    spreads = [s for s in (_spread(chosen.get(label), metric) for label in labels)
-               if s is not None]
-    spread = max(spreads) if spreads else None
+    groups = {label: _by_seed(group, metric) for label, group in chosen.items()}
+    ref = noise.reference({k: g for k, g in groups.items()
+                           if g and _numbers(list(g.values()))})
+    pairs = {(b, w): noise.compare(groups[b], groups[w], ref, higher)
+             for b in better for w in worse}
     detail = ", ".join(
         f"{label}: {scores.fmt(v)}" + (f" (mean of {len(chosen[label])} seeds)"
                                        if len(chosen[label]) > 1 else "")
         for label, v in values.items())
-    return {**result, "holds": margin > 0, "margin": margin, "seed_spread": spread,
-            "within_noise": None if spread is None else abs(margin) < NOISE * spread,
-            "detail": f"{metric}: {detail}"}
+    apart = [f"{b} (seeds {_seeds(groups[b])}) and {w} (seeds {_seeds(groups[w])})"
+             for (b, w), c in pairs.items() if not c["seeds"]]
+    if apart:
+        return {**result, "detail": f"no seed in common: {'; '.join(apart)}; {metric}: {detail}"}
+    # The weakest pair decides: the claim holds beyond noise when every pair is beyond it, and
+    # fails beyond noise when a failing pair is (that pair has the most negative margin/noise).
+    pair = min(pairs, key=lambda p: _evidence(pairs[p]))
+    c = pairs[pair]
+    return {**result, "holds": all(q["better"] for q in pairs.values()),
+            "margin": min(q["margin"] for q in pairs.values()),
+            "compared": list(pair), "seeds": c["seeds"], "noise": c["noise"],
+            "noise_from": c["noise_from"], "ratio": c["ratio"],
+            "within_noise": None if c["beyond_noise"] is None else not c["beyond_noise"],
+            "pair_margin": c["margin"], "detail": f"{metric}: {detail}"}
+
+
+def _seeds(seeds) -> str:
+    return ", ".join(str(s) for s in sorted(seeds))
 
 
 def _ordering_line(result: dict) -> str:
     mark = {True: "holds", False: "FAILS", None: "untested"}[result["holds"]]
     if result["holds"] is None:
         return f"- [{mark}] {result['claim']} ({result['detail']})"
-    if result["within_noise"]:
-        mark += ", within seed noise"
-    spread = ("one seed per row" if result["seed_spread"] is None
-              else f"seed spread {result['seed_spread']:.4g}")
-    return (f"- [{mark}] {result['claim']} (margin {result['margin']:+.4g}; {spread}; "
-            f"{result['detail']})")
+    if result["within_noise"] is not None:
+        mark += ", within noise" if result["within_noise"] else ", beyond noise"
+    seeds = result["seeds"]
+    judged = f"seed{'s' if len(seeds) > 1 else ''} {_seeds(seeds)}"
+    if result["pair_margin"] != result["margin"]:
+        judged = (f"judged on {result['compared'][0]} vs {result['compared'][1]}, "
+                  f"{result['pair_margin']:+.4g} over {judged}")
+    if result["noise"] is None:
+        verdict = "no noise estimate: one seed per row"
+    else:
+        source = ("the spread of the same-seed gaps" if result["noise_from"] == "paired"
+                  else "the largest seed spread of one row")
+        ratio = "" if result["ratio"] is None else f", {result['ratio']:.1f}x"
+        verdict = f"noise {result['noise']:.4g}, {source}{ratio}"
+    return (f"- [{mark}] {result['claim']} (margin {result['margin']:+.4g}; {judged}; "
+            f"{verdict}; {result['detail']})")
 
 
 def collect(name: str, run_dirs: list[str]) -> str:
@@ -298,6 +336,13 @@ def collect(name: str, run_dirs: list[str]) -> str:
     table = get(name)
     runs = [load_run(d) for d in run_dirs]
     chosen, notes, unmatched = _assign(table, runs)
+    wanted = ", ".join(dict.fromkeys(r["match"]["model"] for r in table["rows"]
+                                     if r["match"] and "model" in r["match"]))
+    if runs and len(unmatched) == len(runs):
+        raise ValueError(
+            f"no run matches a row of {name}: its rows are models {wanted}, the runs' are "
+            f"{', '.join(dict.fromkeys(str(r['config'].get('model')) for r in runs))} "
+            f"(eval.py --table={name} without --runs prints the command that trains its rows)")
     ours = table.get("ours", [(table["metric"], f"{table['metric']} (ours)")]) + [("step", "step")]
     seeded = any(len(group) > 1 for group in chosen.values())   # a seeds column where one counts
     header = ["Model"] + [h for _, h in table["columns"]] + [h for _, h in ours] + (
@@ -320,16 +365,17 @@ def collect(name: str, run_dirs: list[str]) -> str:
     if notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
     if unmatched:
-        lines += ["", "Unmatched runs:"]
+        lines += ["", f"Unmatched runs: no row has their model and overrides (the rows' "
+                      f"models: {wanted})"]
         for run in unmatched:
             cfg = run["config"]
             moe = {k: v for k, v in (cfg.get("moe") or {}).items() if v is not None}
             lines.append(f"- {run['dir']} (model {cfg.get('model')}, "
                          f"moe overrides {moe or 'none'})")
     if table.get("orderings"):
-        lines += ["", f"Orderings the paper shows (margin: the smallest difference in the good "
-                      f"direction; within seed noise: under {NOISE:g} x the largest seed spread "
-                      f"of its rows):"]
+        lines += ["", f"Orderings the paper shows, by the noise rule (switchzoo.noise: "
+                      f"{noise.RULE}; several rows a side: each pair, the smallest margin, the "
+                      f"pair least beyond its noise decides):"]
         lines += [_ordering_line(_check(c, table, chosen)) for c in table["orderings"]]
     lines += ["", f"Reproduce: `{table['command']}`"]
     return "\n".join(lines)

@@ -19,7 +19,8 @@ from switchzoo.config import ModelConfig
 from switchzoo.layers import (MINIMAL_SAVED, Attention, Embed, Init, Mlp, RelativePositionBias,
                               RMSNorm, attention_impl, dropout, split)
 from switchzoo.layout import constrain
-from switchzoo.moe import SwitchFFN
+from switchzoo.moe import BALANCE_STATS, SwitchFFN
+from switchzoo.routing import Balance, pooled_aux_loss
 from switchzoo.scanned import (layers_as, scan_period,  # noqa: F401 (re-exported)
                                stack_layers, unstack_layers)
 
@@ -322,7 +323,7 @@ class DecoderLM(_Head):
         x_BLD = self.embed(ids_BL, jnp.dtype(self.cfg.dtype))
         x_BLD, stats, _ = self.decoder(x_BLD, positions_BL, segments_BL, rng=rng)
         return (x_BLD if return_hidden else self._logits(x_BLD),
-                _stack(stats, _reduction(self.cfg)))
+                _stack([stats], _reduction(self.cfg)))
 
     def init_cache(self, batch: int, max_length: int) -> dict:
         return self.decoder.init_cache(batch, max_length)
@@ -358,22 +359,33 @@ class EncoderDecoder(_Head):
         y_BTD, dec_stats, _ = self.decoder(y_BTD, tgt_positions, tgt_segments, enc_BSD,
                                            src_segments, rng=r_dec)
         return (y_BTD if return_hidden else self._logits(y_BTD),
-                _stack(enc_stats + dec_stats, _reduction(self.cfg)))
+                _stack([enc_stats, dec_stats], _reduction(self.cfg)))
 
     def init_cache(self, batch: int, max_length: int, enc_BSD) -> dict:
         return self.decoder.init_cache(batch, max_length, enc_BSD)
 
 
-def _stack(stats: list[dict], reduction: str = "sum") -> dict:
-    """Combines the routing losses of every Switch layer of the model (both stacks) by
-    ``reduction`` (MoeConfig.loss_reduction: their sum, as Mesh-TensorFlow, or their mean, as
-    T5X); joins the metrics along the leading layer axis."""
-    if not stats:
+def _stack(stacks: list[list[dict]], reduction: str = "sum") -> dict:
+    """Combines the routing losses of the Switch layers of the model's ``stacks`` (each a
+    Stack's stats) by ``reduction`` (MoeConfig.loss_reduction): over every layer of both stacks
+    their sum (Mesh-TensorFlow) or their mean (T5X); or "pooled", transformers'
+    SwitchTransformersForConditionalGeneration: per stack one Switch eq. 4 over its layers
+    pooled (routing.pooled_aux_loss) and its layers' mean z-loss, the stacks' terms added.
+    Joins the metrics along the leading layer axis."""
+    joined = [{k: jnp.concatenate([s[k] for s in stack]) for k in stack[0]}
+              for stack in stacks if stack]
+    if not joined:
         zero = jnp.zeros((), jnp.float32)
         return {"aux_loss": zero, "z_loss": zero}
-    out = {k: jnp.concatenate([s[k] for s in stats]) for k in stats[0]}
-    for k in ("aux_loss", "z_loss"):
-        out[k] = jnp.sum(out[k]) if reduction == "sum" else jnp.mean(out[k])
+    if reduction == "pooled":
+        aux = sum(pooled_aux_loss(Balance(*(s.pop(k) for k in BALANCE_STATS))) for s in joined)
+        z = sum(jnp.mean(s["z_loss"]) for s in joined)
+    out = {k: jnp.concatenate([s[k] for s in joined]) for k in joined[0]}
+    if reduction == "pooled":
+        out["aux_loss"], out["z_loss"] = aux, z
+    else:
+        for k in ("aux_loss", "z_loss"):
+            out[k] = jnp.sum(out[k]) if reduction == "sum" else jnp.mean(out[k])
     return out
 
 

@@ -50,6 +50,7 @@ RANGES = {
     "eval_every_steps": at_least(0, " (0: never)"),
     "checkpoint_every_steps": at_least(1),
     "keep_checkpoints": at_least(1),
+    "restore_step": at_least(1, " (a checkpoint's step; unset: the newest)"),
     "per_device_batch_size": at_least(1),
     "max_length": at_least(2, " (one token + EOS)"),
     "grad_accum_steps": at_least(1),

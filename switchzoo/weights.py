@@ -12,15 +12,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import types
+import typing
 
 import jax
 
-from switchzoo import atomic, checkpoints, cli, hf, transformer
+from switchzoo import atomic, checkpoints, errors, hf, transformer
 from switchzoo import state as state_lib
-from switchzoo.config import ModelConfig
+from switchzoo.config import ModelConfig, MoeConfig
 from switchzoo.data import tokenizer as tokenizer_lib
 
 MODEL_FILE = "model.json"      # a run's (or an upcycled checkpoint's) resolved ModelConfig
+MODEL_FIX = ("restore it from a copy of the run, or move it away (train.py writes it again from "
+             "config.json when the run resumes; eval.py then rebuilds the model from config.json)")
 # The fields that decide which tensors a model has and what they compute.
 ARCHITECTURE = ("vocab_size", "d_model", "num_heads", "d_kv", "d_ff", "num_encoder_layers",
                 "num_layers", "activation", "relpos_buckets", "relpos_max_distance",
@@ -39,11 +43,54 @@ def differences(a: ModelConfig, b: ModelConfig, fields=ARCHITECTURE) -> list[tup
     return [(f, getattr(a, f), getattr(b, f)) for f in fields if getattr(a, f) != getattr(b, f)]
 
 
+def _fits(value, hint) -> bool:
+    """Whether a JSON value can stand for a field annotated ``hint`` (of ModelConfig)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        return isinstance(value, (int, float) if hint is float else int) \
+            and not isinstance(value, bool)
+    if typing.get_origin(hint) is tuple:
+        return isinstance(value, list) and all(_fits(v, typing.get_args(hint)[0]) for v in value)
+    if dataclasses.is_dataclass(hint):
+        return isinstance(value, dict)
+    return isinstance(value, hint)
+
+
+def _wrong_field(cls, d: dict, prefix: str = "") -> str | None:
+    """The first field of ``d`` that is missing or not of its type in dataclass ``cls``."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            if dataclasses.MISSING is f.default is f.default_factory:   # required
+                return f"it lacks {prefix}{f.name}"
+        elif not _fits(d[f.name], hints[f.name]):
+            return f"{prefix}{f.name} is {d[f.name]!r}"
+        elif isinstance(d[f.name], dict):
+            wrong = _wrong_field(MoeConfig, d[f.name], f"{f.name}.")
+            if wrong:
+                return wrong
+    return None
+
+
 def read_model(path: pathlib.Path) -> ModelConfig:
+    """A saved ModelConfig; ValueError in one line naming the file, the fault and the fix."""
+    fix = MODEL_FIX
     try:
-        return ModelConfig.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
-        raise ValueError(f"{path} is not a switchzoo model config ({e})") from None
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON (line {e.lineno}): {fix}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text: {fix}") from None
+    wrong = _wrong_field(ModelConfig, d) if isinstance(d, dict) else "not a JSON object"
+    try:
+        if wrong is None:
+            return ModelConfig.from_dict(d)
+    except (TypeError, ValueError) as e:
+        wrong = errors.one_line(e)
+    raise ValueError(f"{path} is not a switchzoo model config ({wrong}): {fix}")
 
 
 def run_tokenizer(directory: pathlib.Path) -> pathlib.Path:
@@ -98,7 +145,7 @@ class Origin:
             except (ValueError, KeyError, OSError, RuntimeError, TypeError) as e:
                 raise ValueError(f"checkpoint {step} in {self.path / 'checkpoints'} does not "
                                  f"hold the parameters of its {MODEL_FILE} "
-                                 f"({cli.one_line(e)[:300]})") from e
+                                 f"({errors.one_line(e)[:300]})") from e
         finally:
             ckpt.close()
         self.loaded["step"] = step

@@ -73,25 +73,43 @@ def count_params(name_or_cfg: str | ModelConfig) -> int:
     return sum(math.prod(shape) for _, _, shape in _param_shapes(_config(name_or_cfg)))
 
 
+def served_picks(moe: MoeConfig, encoder: bool = False, seq_len: int = SEQ_LEN) -> float:
+    """The experts one token is served by on average in training: at most the slots there are.
+
+    A group of N tokens has E x C slots (C = moe.capacity(N): round(N x train capacity factor
+    / E), at least min_capacity; a fixed expert_capacity as it is), whatever top_k is: top-k's
+    k x N picks share them, so at most E x C / N picks a token are served (about the capacity
+    factor), and never more than k. Tokens-choose: min(top_k, E x C / N), where every slot
+    is filled (the drops measured in training, dropped_fraction, take the rest off); dropless
+    dispatch: top_k (nothing dropped). Experts-choose: E x C / N, every slot filled by
+    construction. N is moe.group_size (seq_len where it is 0: one group per sequence); a batch
+    smaller than a group routes smaller groups, with the same factor up to rounding.
+    E.g. top-2 at capacity 1.25: 1.25 picks a token, not 2; at 2.0: 2."""
+    n = moe.group_size or seq_len
+    experts_choose = moe.experts_choose(encoder)
+    slots = moe.num_experts * min(moe.capacity(n, True, experts_choose), n) / n
+    if experts_choose:
+        return slots
+    return float(moe.top_k) if moe.dispatch == "dropless" else min(float(moe.top_k), slots)
+
+
 def flops_per_token(name_or_cfg: str | ModelConfig, seq_len: int = SEQ_LEN) -> float:
     """Forward matmul FLOPs per token (multiply-add = 2 FLOPs).
 
     2 x the weights one token is multiplied with: every dense and attention projection, the
-    router, top_k / num_experts of each expert weight (only the experts it visits; capacity
-    padding is not counted; in an experts-choose stack a token visits train capacity factor
-    experts on average), and the output layer (the tied embedding or lm_head; the embedding
-    lookup is a gather, free). Plus, per attention layer, 4 x seq_len x heads x d_kv for the
-    scores (QK^T) and the weighted values (PV) over ``seq_len`` keys, without a causal discount.
-    Norms, softmaxes and position biases are left out. An encoder-decoder counts one source and
-    one target token, both sequences ``seq_len`` long: its FLOPs per sequence pair are
-    seq_len x this.
+    router, served_picks / num_experts of each expert weight (the experts that serve it: a
+    top-2 router's second pick gets no FLOPs beyond the capacity slots, which top-1 and top-2
+    share; capacity padding, slots left empty, is not counted), and the output layer (the tied
+    embedding or lm_head; the embedding lookup is a gather, free). Plus, per attention layer,
+    4 x seq_len x heads x d_kv for the scores (QK^T) and the weighted values (PV) over
+    ``seq_len`` keys, without a causal discount. Norms, softmaxes and position biases are left
+    out. An encoder-decoder counts one source and one target token, both sequences ``seq_len``
+    long: its FLOPs per sequence pair are seq_len x this.
     """
     cfg = _config(name_or_cfg).replace(scan_layers=False)   # per-layer shapes: no 'layers' dim
+
     def visited(stack: str) -> float:          # the share of each expert weight a token uses
-        moe = cfg.moe
-        picks = (moe.train_capacity_factor if moe.experts_choose(stack == "encoder")
-                 else moe.top_k)
-        return picks / moe.num_experts
+        return served_picks(cfg.moe, stack == "encoder", seq_len) / cfg.moe.num_experts
     flops = 0.0
     for stack, dims, shape in _param_shapes(cfg):
         if len(shape) < 2 or "relpos_buckets" in dims:

@@ -1,5 +1,7 @@
 """Tests run on 8 simulated CPU devices; the flag must be set before JAX is imported."""
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,9 +35,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # train.py process the tests start): the resume, preemption and multi-process tests compile the
 # same steps again in new processes, and load them from here instead. It only saves time: a
 # cache entry is the executable XLA would have built for the same program and devices.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
-    tempfile.gettempdir(),
-    f"switchzoo-test-jax-cache-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"))
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:      # the first process of the session
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="switchzoo-test-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # The train.py / eval.py processes the tests start run once, without re-running themselves for
 # glibc's huge pages (a second interpreter start per process, and THP compaction on the many
@@ -46,8 +48,6 @@ os.environ.setdefault("SWITCHZOO_HUGE_PAGES", "0")
 import jax  # noqa: E402
 
 assert jax.device_count() == 8, "tests need 8 simulated devices: set XLA_FLAGS before jax loads"
-
-
 
 
 # The longest tests start first: pytest-xdist's worksteal hands each worker a contiguous half

@@ -97,8 +97,9 @@ def test_fine_tuning_honours_moe_flags_and_the_run_evaluates(files, tmp_path):
 
 def test_moe_flags_that_a_dense_checkpoint_cannot_take_are_refused(files, tmp_path):
     c = tiny_config(files, 3)
-    dense = switchzoo.zoo.get("t5_tiny").replace(vocab_size=512, activation="relu")
-    switchzoo.init(dense).save_pretrained(tmp_path / "t5")     # the HF format holds ReLU only
+    # T5 in the HF format: tied (transformers' T5 always ties the output layer)
+    dense = switchzoo.zoo.get("t5_tiny").replace(vocab_size=512, tie_embeddings=True)
+    switchzoo.init(dense).save_pretrained(tmp_path / "t5")
     c.init_from, c.data.vocab_size, c.moe.top_k = str(tmp_path / "t5"), 300, 2
     with pytest.raises(ValueError, match=r"--config.moe.top_k set for the dense checkpoint's "
                                          r"model, which has no Switch layers"):

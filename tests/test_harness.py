@@ -29,9 +29,9 @@ def sentences(n: int) -> str:
                    f"{pick('the')} {pick('end')}.\n" for _ in range(n))
 
 
-def study(text: pathlib.Path, docs: pathlib.Path, steps: int = 4) -> harness.Study:
+def study(text: pathlib.Path, steps: int = 4) -> harness.Study:
     return harness.Study(
-        name="harness_smoke", config="configs/mini.py", steps=steps, eval_every=2, docs=docs,
+        name="harness_smoke", config="configs/mini.py", steps=steps, eval_every=2,
         runs=[harness.Run("dense", "dense_tiny", baseline="dense"),
               harness.Run("switch", "switch_tiny", baseline="dense")],
         flags=("--config.data.source=files", "--config.data.pair=en-de",
@@ -46,7 +46,7 @@ def test_two_runs_resume_collect_write_and_evaluate(tmp_path, monkeypatch):
     text = tmp_path / "text.txt"
     text.write_text(sentences(200), encoding="utf-8")
     out, docs = tmp_path / "runs", tmp_path / "docs"
-    s = study(text, docs)
+    s = study(text)
     commands = []
     harness.run(s, out, log=commands.append)
     assert len(commands) == 2 and "vocab_path" in commands[1] and "vocab_path" not in commands[0]
@@ -61,7 +61,7 @@ def test_two_runs_resume_collect_write_and_evaluate(tmp_path, monkeypatch):
     harness.run(s, out, log=commands.append)                         # all finished: a no-op
     assert len(commands) == 2 and (out / "switch" / "metrics.jsonl").read_text() == before
 
-    longer = study(text, docs, steps=6)                              # continues, not restarts
+    longer = study(text, steps=6)                              # continues, not restarts
     harness.run(longer, out, only=["switch"], log=commands.append)
     assert len(commands) == 3 and "steps=6" in commands[2]
     assert (out / "switch" / "metrics.jsonl").read_text().startswith(before)

@@ -6,7 +6,8 @@ import socket
 import numpy as np
 import pytest
 
-from switchzoo import cli, data, hosts
+from switchzoo import data, hosts
+from switchzoo.commands import cli
 from switchzoo import state as state_lib
 from switchzoo.data import pipeline
 from test_data import assert_same, corpus, files_config, pairs, take  # noqa: F401,F811 (fixtures)

@@ -1,4 +1,4 @@
-"""train.py / eval.py re-run themselves with glibc's huge-page tunable (switchzoo.cli)."""
+"""train.py / eval.py re-run themselves with glibc's huge-page tunable (commands/entry.py)."""
 import os
 import platform
 import subprocess
@@ -6,25 +6,25 @@ import sys
 
 import pytest
 
-from switchzoo import cli
+from switchzoo.commands import entry
 
 MADVISE = "always [madvise] never\n"
 
 
 def test_env_only_where_it_helps():
-    env = cli.huge_pages_env({"A": "1"}, MADVISE, ("glibc", "2.36"))
-    assert env == {"A": "1", "GLIBC_TUNABLES": cli.HUGE_PAGES}
-    kept = cli.huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, MADVISE,
+    env = entry.huge_pages_env({"A": "1"}, MADVISE, ("glibc", "2.36"))
+    assert env == {"A": "1", "GLIBC_TUNABLES": entry.HUGE_PAGES}
+    kept = entry.huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, MADVISE,
                               ("glibc", "2.36"))
-    assert kept["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + cli.HUGE_PAGES
+    assert kept["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + entry.HUGE_PAGES
     for environ, mode, libc in [
-            ({"GLIBC_TUNABLES": cli.HUGE_PAGES}, MADVISE, ("glibc", "2.36")),   # already set
+            ({"GLIBC_TUNABLES": entry.HUGE_PAGES}, MADVISE, ("glibc", "2.36")),   # already set
             ({"SWITCHZOO_HUGE_PAGES": "0"}, MADVISE, ("glibc", "2.36")),        # user said no
             ({}, "[always] madvise never", ("glibc", "2.36")),                 # kernel does it
             ({}, "always madvise [never]", ("glibc", "2.36")),                 # none allowed
             ({}, MADVISE, ("glibc", "2.31")),                                  # no such tunable
             ({}, MADVISE, ("", ""))]:                                          # not glibc
-        assert cli.huge_pages_env(environ, mode, libc) is None
+        assert entry.huge_pages_env(environ, mode, libc) is None
 
 
 @pytest.mark.parametrize("mode", [MADVISE, "[always] madvise never\n"])
@@ -33,21 +33,21 @@ def test_the_command_reruns_itself_with_its_options_and_arguments(tmp_path, mode
     again with the tunable where the mode is madvise, keeping python's -u and its arguments;
     where the mode needs no help it runs once, unchanged."""
     libc, version = platform.libc_ver()
-    if sys.platform != "linux" or cli.huge_pages_env({}, MADVISE, (libc, version)) is None:
+    if sys.platform != "linux" or entry.huge_pages_env({}, MADVISE, (libc, version)) is None:
         pytest.fail(f"this test needs Linux with glibc >= 2.35 (here: {sys.platform}, "
                     f"{libc} {version})")
     thp = tmp_path / "enabled"
     thp.write_text(mode)
     script = tmp_path / "show.py"
     script.write_text(
-        "import os, sys\nprint('start', flush=True)\nfrom switchzoo import cli\n"
-        f"cli.use_huge_pages({str(thp)!r})\n"
+        "import os, sys\nprint('start', flush=True)\nfrom switchzoo.commands import entry\n"
+        f"entry.use_huge_pages({str(thp)!r})\n"
         "print(os.environ.get('GLIBC_TUNABLES', ''), '-u' in sys.orig_argv, sys.argv[1:])\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("GLIBC_TUNABLES", "SWITCHZOO_HUGE_PAGES")}
     out = subprocess.run([sys.executable, "-u", str(script), "--x=1"], env=env, check=True,
                          capture_output=True, text=True).stdout.splitlines()
     if mode == MADVISE:
-        assert out == ["start", "start", f"{cli.HUGE_PAGES} True ['--x=1']"]
+        assert out == ["start", "start", f"{entry.HUGE_PAGES} True ['--x=1']"]
     else:
         assert out == ["start", " True ['--x=1']"]

@@ -1,6 +1,7 @@
 """The Switch paper's recipe, each convention against an oracle that does not call the code
 under test: initialisation (sec. 2.4), T5's learning-rate schedule, Adafactor per expert (T5X's
-MoE rules), and how the routing losses combine over layers."""
+MoE rules) and over several steps (the paper's algorithm in numpy), and how the routing losses
+combine over layers."""
 import dataclasses
 
 import jax
@@ -13,6 +14,7 @@ from flax import nnx
 from switchzoo import state as state_lib
 from switchzoo import transformer, zoo
 from switchzoo.config import ModelConfig, MoeConfig
+from switchzoo.configs import c4
 
 # Inputs per output of each weight matrix, from its name and shape alone (the oracle), and the
 # query's extra 1/sqrt(d_kv) (T5 folds the attention scale into the query's init).
@@ -124,6 +126,107 @@ def test_adafactor_updates_each_expert_as_its_own_parameter(scan):
             want = adafactor_slice(tx, stack[index], wi_g[index])
             np.testing.assert_allclose(got[index], want, rtol=1e-5, atol=1e-8,
                                        err_msg=f"spike {spike}, slice {index}")
+
+
+# Shazeer & Stern (2018), "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost":
+# eps1 (added to G^2), eps2 (the least parameter scale), d (update clipping), the decay exponent
+# (beta2_t = 1 - t^-0.8); a matrix is factored when both dims are >= 128 (T5X's and optax's
+# threshold: smaller ones keep the full second moment).
+EPS1, EPS2, CLIP_D, DECAY, FACTOR_MIN = 1e-30, 1e-3, 1.0, 0.8, 128
+
+
+def _rms(x):
+    return np.sqrt(np.mean(np.square(x)))
+
+
+def adafactor_paper(params, grads, lr, k, sliced):
+    """The oracle, Adafactor written out from the paper in float64 numpy: Algorithm 4 (a matrix:
+    row sums R and column sums C of G^2, V = R C / 1^T R) or 5 (anything else: V elementwise),
+    no momentum, beta2_t = 1 - t^-0.8 (t = 1, 2, ...: beta2_1 = 0), the update U = G / sqrt(V)
+    clipped to U / max(1, RMS(U) / d), and the relative step: X_t = X_{t-1} - alpha_t U with
+    alpha_t = max(eps2, RMS(X_{t-1})) rho_t, rho_t the recipe's rate, T5's lr sqrt(k / max(step,
+    k)) at the global step before the update (step = t - 1). Each slice of a ``sliced`` weight
+    (its leading experts dim) is a parameter of its own. ``grads``: one {name: G} per step.
+    Returns each step's {name: update} and {(t, name, slice): RMS(U) / d} (> 1: clipped)."""
+    x = {n: np.asarray(v, np.float64) for n, v in params.items()}
+    moments, steps, clip = {}, [], {}
+    for t, grad in enumerate(grads, start=1):
+        beta2, rho = 1.0 - t ** -DECAY, lr * np.sqrt(k / max(t - 1, k))
+        update = {}
+        for name, g in grad.items():
+            g, u = np.asarray(g, np.float64), np.empty(g.shape)
+            for i in range(g.shape[0]) if name in sliced else [...]:
+                m = moments.setdefault((name, i), {"R": 0.0, "C": 0.0, "V": 0.0})
+                g2 = g[i] ** 2 + EPS1
+                if g[i].ndim == 2 and min(g[i].shape) >= FACTOR_MIN:
+                    m["R"] = beta2 * m["R"] + (1 - beta2) * g2.sum(axis=1)
+                    m["C"] = beta2 * m["C"] + (1 - beta2) * g2.sum(axis=0)
+                    v = np.outer(m["R"], m["C"]) / m["R"].sum()
+                else:
+                    m["V"] = v = beta2 * m["V"] + (1 - beta2) * g2
+                step = g[i] / np.sqrt(v)
+                clip[t, name, i] = _rms(step) / CLIP_D
+                step /= max(1.0, clip[t, name, i])
+                u[i] = -max(EPS2, _rms(x[name][i])) * rho * step
+            update[name] = u
+        x = {n: x[n] + update[n] for n in x}
+        steps.append(update)
+    return steps, clip
+
+
+def test_adafactor_over_five_steps_is_the_papers_algorithm_per_expert():
+    """The paper's recipe (configs/c4.py: Adafactor at 0.01 on the rsqrt schedule) as switchzoo
+    sets it up, five steps of every parameter against the oracle above: factored matrices (the
+    embedding, a dense FFN, each expert's slice of [experts, d_model, d_ff]), elementwise
+    moments (attention, norms, router), the decay of the second moments and of the rate, the
+    parameter scale's floor eps2 (a router far below it), and update clipping, which a 10x
+    gradient spike in expert 0 (and the embedding) at step 4 sets off there and nowhere else."""
+    config = c4.get_config()
+    assert (config.optimizer, config.learning_rate, config.schedule, config.weight_decay,
+            config.router_learning_rate_scale) == ("adafactor", 0.01, "rsqrt", 0.0, 1.0)
+    config.warmup_steps = 2           # k: the recipe's 10^4 keeps the rate flat for 5 steps
+    cfg = ModelConfig(vocab_size=128, d_model=128, num_heads=1, d_kv=8, d_ff=256,
+                      num_layers=2, moe=MoeConfig(num_experts=4, sparse_every=2))
+    s = state_lib.setup(cfg, "data_parallel", "data:1", devices=jax.devices()[:1],
+                        optimizer=state_lib.run_optimizer(config),
+                        router_lr_scale=config.router_learning_rate_scale)
+    rng = np.random.default_rng(0)
+    shapes = {state_lib.path_name(p): a.shape
+              for p, a in jax.tree_util.tree_leaves_with_path(s.abstract.params)}
+    flat = {n: (rng.normal(size=shape) * (1e-5 if n.endswith("router/w") else 0.03)
+                ).astype(np.float32) for n, shape in shapes.items()}
+    experts = {n for n, v in flat.items() if n.split("/")[-1] in ("wi", "wo") and v.ndim == 3}
+    assert experts == {"decoder/layers/1/ffn/wi", "decoder/layers/1/ffn/wo"}
+    grads = []
+    for t in range(1, 6):
+        g = {n: rng.normal(size=v.shape).astype(np.float32) * (0.1 if t == 5 else 1.0)
+             for n, v in flat.items()}
+        if t == 4:
+            for n in experts:
+                g[n][0] *= 10.0
+            g["embed/embedding"] *= 10.0
+        grads.append(g)
+    want, clip = adafactor_paper(flat, grads, config.learning_rate, config.warmup_steps,
+                                 experts)
+    wi = "decoder/layers/1/ffn/wi"      # RMS(U) / d: ~1 on steady gradients, 1.7 on the spike
+    assert clip[4, wi, 0] > 1.5 and clip[4, "embed/embedding", ...] > 1.5
+    assert max(clip[4, wi, e] for e in (1, 2, 3)) < 1.05 and max(
+        v for (t, _, _), v in clip.items() if t == 5) < 1
+
+    def as_tree(values):
+        return jax.tree_util.tree_map_with_path(
+            lambda p, _: jnp.asarray(values[state_lib.path_name(p)]), s.abstract.params)
+
+    update, params = jax.jit(s.tx.update), as_tree(flat)
+    opt_state = s.tx.init(params)
+    for t, (g, w) in enumerate(zip(grads, want), start=1):
+        updates, opt_state = update(as_tree(g), opt_state, params)
+        params = optax.apply_updates(params, updates)
+        for p, u in jax.tree_util.tree_leaves_with_path(updates):
+            name = state_lib.path_name(p)
+            np.testing.assert_allclose(np.asarray(u), w[name], rtol=1e-4,
+                                       atol=1e-4 * np.abs(w[name]).max(),
+                                       err_msg=f"step {t}, {name}")
 
 
 def test_adafactor_state_of_experts_is_sharded_like_the_experts():

@@ -206,12 +206,15 @@ def test_ordering_margins_take_the_smallest_gap_in_the_metric_direction(tmp_path
     # at capacity 2.0 the paper's ordering turns round: top-2 (2.45) should beat top-1 (2.4)
     assert cf2["claim"].startswith("top-2 MoE beats")
     assert (cf2["holds"], cf2["margin"]) == (False, pytest.approx(-0.05))
-    assert all(c["seed_spread"] is None and c["within_noise"] is None
+    # one seed per row, seed 0 in each: no seed spread anywhere in the table, no noise verdict
+    assert all(c["seeds"] == [0] and c["noise"] is None and c["within_noise"] is None
                for c in (sparse, cf1, cf125, cf2))
     text = tables.collect("switch_table1_mini", runs)
     assert ("- [holds] Switch at every capacity factor reaches lower loss than dense at equal "
-            "steps (margin +0.1; one seed per row; neg_log_perplexity: ") in text
-    assert "- [FAILS] Switch (top-1) beats top-2 MoE at capacity 1.25 (margin -0.1; " in text
+            "steps (margin +0.1; seed 0; no noise estimate: one seed per row; "
+            "neg_log_perplexity: ") in text
+    assert "- [FAILS] Switch (top-1) beats top-2 MoE at capacity 1.25 (margin -0.1; seed 0; " \
+           in text
     assert "seeds (spread" not in text                  # no seeds column without seed groups
     # word perplexity: lower is better, so the margin is worse - better
     ppl = {1: 100.0, 2: 90.0, 4: 85.0, 8: 86.0}
@@ -224,11 +227,11 @@ def test_ordering_margins_take_the_smallest_gap_in_the_metric_direction(tmp_path
 def test_runs_differing_only_by_seed_are_averaged_with_their_spread(tmp_path):
     vocab = tmp_path / "dense_s0" / "tokenizer.model"        # the first run trains the vocabulary
     # dense: seeds 0 and 1, the same vocabulary (one trained it, the other read it; compared by
-    # content) and a different eval interval (bookkeeping): one row, the mean, spread 0.02
+    # content) and a different eval interval (bookkeeping): one row, the mean, spread 0.07
     d0 = _run(tmp_path, "dense_s0", "dense_lm_cpu", 200, _results(200, 2.50),
               data={"vocab_path": ""}, config={"eval_every_steps": 100})
     vocab.write_bytes(b"the vocabulary")
-    d1 = _run(tmp_path, "dense_s1", "dense_lm_cpu", 200, _results(200, 2.52), seed=1,
+    d1 = _run(tmp_path, "dense_s1", "dense_lm_cpu", 200, _results(200, 2.57), seed=1,
               data={"vocab_path": str(vocab)}, config={"eval_every_steps": 50})
     # another vocabulary is another setup, not a seed: not averaged
     other = tmp_path / "other.model"
@@ -246,41 +249,89 @@ def test_runs_differing_only_by_seed_are_averaged_with_their_spread(tmp_path):
     s32 = _run(tmp_path, "sw32", "switch_lm_cpu_32", 200, _results(200, 2.30))
     runs = [d0, d1, d2, s0, s1, s2, s0b, s16, s32]
     eight, sixteen, thirty_two = tables.check_ordering("switch_figure4_mini", runs)
-    # 8 vs dense: -2.43 - (-2.51) = 0.08 < 2 x 0.06 (switch_8's spread, the larger)
-    assert eight["holds"] is True and eight["margin"] == pytest.approx(0.08)
-    assert eight["seed_spread"] == pytest.approx(0.06) and eight["within_noise"] is True
-    assert "dense_lm_cpu (dense): -2.51 (mean of 2 seeds)" in eight["detail"]
-    # 16 vs 8: 0.02, still within switch_8's noise; 32 vs 16: one seed each, no spread
-    assert sixteen["margin"] == pytest.approx(0.02) and sixteen["within_noise"] is True
-    assert sixteen["seed_spread"] == pytest.approx(0.06)
-    assert thirty_two["margin"] == pytest.approx(0.11) and thirty_two["seed_spread"] is None
-    assert thirty_two["within_noise"] is None and thirty_two["holds"] is True
+    # The noise rule (switchzoo.noise), like for like; neg_log_perplexity = -loss, higher better.
+    # 8 vs dense, paired over seeds 0 and 1: gaps 2.50 - 2.40 = 0.10 and 2.57 - 2.46 = 0.11,
+    # margin 0.105, noise their spread 0.01: 10.5x, beyond noise. (Two unpaired means against
+    # the larger row spread, the rule before, read 0.105 < 2 x 0.07: within.)
+    assert eight["holds"] is True and eight["margin"] == pytest.approx(0.105)
+    assert eight["within_noise"] is False
+    assert (eight["seeds"], eight["noise_from"]) == ([0, 1], "paired")
+    assert eight["noise"] == pytest.approx(0.01) and eight["ratio"] == pytest.approx(10.5)
+    assert "dense_lm_cpu (dense): -2.535 (mean of 2 seeds)" in eight["detail"]
+    # 16 vs 8: seed 0 against seed 0 (not against 8's two-seed mean, 2.43, which read +0.02):
+    # 2.40 - 2.41 = -0.01, 16 is behind; one common seed, so the noise is the reference spread,
+    # the table's largest one-row seed spread: dense's 0.07 (switch_8's is 0.06)
+    assert sixteen["holds"] is False and sixteen["margin"] == pytest.approx(-0.01)
+    assert sixteen["within_noise"] is True
+    assert (sixteen["seeds"], sixteen["noise_from"]) == ([0], "reference")
+    assert sixteen["noise"] == pytest.approx(0.07)
+    # 32 vs 16: one seed each, 2.41 - 2.30 = 0.11 < 2 x 0.07: within noise (the rule before had
+    # no spread for one-seed rows and gave no verdict)
+    assert thirty_two["margin"] == pytest.approx(0.11) and thirty_two["holds"] is True
+    assert thirty_two["within_noise"] is True and thirty_two["noise"] == pytest.approx(0.07)
+    assert thirty_two["ratio"] == pytest.approx(1.6)
 
     text = tables.collect("switch_figure4_mini", runs)
     dense_row = _row(text, "dense_lm_cpu (dense)")
-    assert "| -2.51 |" in dense_row and "| 0, 1 (0.02) |" in dense_row
+    assert "| -2.535 |" in dense_row and "| 0, 1 (0.07) |" in dense_row
     assert dense_row.endswith(f"| {d0}, {d1} |")
     row8 = _row(text, "switch_lm_cpu_8")
     assert "| -2.43 |" in row8 and "| 0, 1 (0.06) |" in row8 and "| 200 |" in row8
     assert _row(text, "switch_lm_cpu_32").endswith(f"| 0 | {s32} |")
-    assert ("- [holds, within seed noise] 8 experts beat dense at equal FLOPs per token (margin "
-            "+0.08; seed spread 0.06; neg_log_perplexity: ") in text
-    assert "- [holds] 32 experts beat 16 (margin +0.11; one seed per row; " in text
+    assert ("- [holds, beyond noise] 8 experts beat dense at equal FLOPs per token (margin "
+            "+0.105; seeds 0, 1; noise 0.01, the spread of the same-seed gaps, 10.5x; "
+            "neg_log_perplexity: ") in text
+    assert ("- [FAILS, within noise] 16 experts beat 8 (margin -0.01; seed 0; noise 0.07, the "
+            "largest seed spread of one row, 0.1x; ") in text
+    assert "- [holds, within noise] 32 experts beat 16 (margin +0.11; seed 0; noise 0.07, " in text
     notes = text.split("Notes:")[1]
     assert f"the mean of {s0}, {s1} (seeds 0, 1; step 200, the latest)" in notes
     assert f"{s2} (step 100)" in notes and f"{s0b} (step 200; seed 0 again)" in notes
     assert f"{d2} (step 200; differs in vocabulary)" in notes
 
-    # A gap beyond the noise is not flagged; one seed per row keeps today's table (no seeds
-    # column, the latest step wins)
+    # One common seed beyond the reference spread: seed 0's gap 2.50 - 2.0 = 0.5 (not 0.535,
+    # against dense's mean), 7.1x dense's 0.07. One seed per row keeps today's table (no seeds
+    # column, the latest step wins) and has no noise estimate.
     far = _run(tmp_path, "sw8_far", "switch_lm_cpu_8", 300, _results(300, 2.0))
     check = tables.check_ordering("switch_figure4_mini", [d0, d1, far])[0]
-    assert check["margin"] == pytest.approx(0.51) and check["within_noise"] is False
-    assert "- [holds] 8 experts beat dense at equal FLOPs per token (margin +0.51; seed spread " \
-           "0.02; " in tables.collect("switch_figure4_mini", [d0, d1, far])
+    assert check["margin"] == pytest.approx(0.5) and check["within_noise"] is False
+    assert "- [holds, beyond noise] 8 experts beat dense at equal FLOPs per token (margin +0.5; " \
+           "seed 0; noise 0.07, the largest seed spread of one row, 7.1x; " in tables.collect(
+               "switch_figure4_mini", [d0, d1, far])
     single = tables.collect("switch_figure4_mini", [d0, far, s0])
     assert "seeds (spread" not in single and _row(single, "switch_lm_cpu_8").endswith(
         f"| 300 | {far} |")
+    # rows with no seed in common are not compared
+    apart = tables.check_ordering("switch_figure4_mini", [d1, far])[0]
+    assert apart["holds"] is None and "no seed in common" in apart["detail"]
+
+
+def test_an_ordering_over_several_rows_is_beyond_noise_only_if_every_pair_is(tmp_path):
+    # Switch Table 1 mini, "Switch at every capacity factor beats dense", every row seeds 0 and
+    # 1 (losses; neg_log_perplexity = -loss). Same-seed gaps to dense (2.50, 2.56):
+    #   cf 1.0:  2.37, 2.42 -> 0.13, 0.14: margin 0.135, noise 0.01 -> beyond (13.5x)
+    #   cf 1.25: 2.36, 2.30 -> 0.14, 0.26: margin 0.20,  noise 0.12 -> within (1.7x)
+    #   cf 2.0:  2.25, 2.29 -> 0.25, 0.27: margin 0.26,  noise 0.02 -> beyond (13x)
+    # The claim holds by 0.135 (the smallest margin) but within noise: cf 1.25's pair decides.
+    # (The rule before: row means, 0.135 against 2 x 0.06, the largest row spread: beyond.)
+    losses = {"dense": (2.50, 2.56), 1.0: (2.37, 2.42), 1.25: (2.36, 2.30), 2.0: (2.25, 2.29)}
+    runs = []
+    for cf, pair in losses.items():
+        for seed, loss in enumerate(pair):
+            model = "dense_lm_cpu" if cf == "dense" else "switch_lm_cpu_8"
+            moe = {} if cf == "dense" else {"top_k": 1, "train_capacity_factor": cf}
+            runs.append(_run(tmp_path, f"{cf}_s{seed}", model, 200, _results(200, loss),
+                             seed=seed, **moe))
+    sparse = tables.check_ordering("switch_table1_mini", runs)[0]
+    assert sparse["holds"] is True and sparse["margin"] == pytest.approx(0.135)
+    assert sparse["within_noise"] is True
+    assert sparse["compared"] == ["switch_lm_cpu_8 top-1 1.25", "dense_lm_cpu (dense)"]
+    assert sparse["pair_margin"] == pytest.approx(0.20) and sparse["noise"] == pytest.approx(0.12)
+    assert sparse["ratio"] == pytest.approx(1.7)
+    assert ("- [holds, within noise] Switch at every capacity factor reaches lower loss than "
+            "dense at equal steps (margin +0.135; judged on switch_lm_cpu_8 top-1 1.25 vs "
+            "dense_lm_cpu (dense), +0.2 over seeds 0, 1; noise 0.12, the spread of the same-seed "
+            "gaps, 1.7x; ") in tables.collect("switch_table1_mini", runs)
 
 
 def test_every_shipped_table_loads():

@@ -108,7 +108,8 @@ def test_errors_are_one_line(tmp_path, capsys):
     (corpus / "eval.txt").write_text("one text\n")
     dense = tmp_path / "dense"
     dense.mkdir()
-    (dense / "config.json").write_text(json.dumps({"model": "dense_tiny", "task": "lm"}))
+    (dense / "config.json").write_text(json.dumps({"model": "dense_tiny", "task": "lm", "max_length": 64,
+                                                        "data": {"source": "files"}}))
     for workdir, words in ((tmp_path / "missing", "no config.json"),
                            (dense, "no Switch layer")):
         code = spec.main(["--workdir", str(workdir), "--corpus", str(corpus),

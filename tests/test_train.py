@@ -71,7 +71,7 @@ def test_a_bad_config_flag_is_its_cause_alone(monkeypatch, argv, line):
     from absl import flags
     from ml_collections import config_flags
 
-    from switchzoo import cli
+    from switchzoo.commands import cli
     values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", flag_values=values)
     argv = ["train.py", *(a.replace("configs/", f"{ROOT}/configs/") for a in argv)]

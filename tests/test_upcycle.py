@@ -1,20 +1,20 @@
 """Sparse upcycling (switchzoo.upcycle): every expert is its layer's dense MLP bit for bit, the
 upcycled model starts with its dense source's loss (top-1 and top-2: its gates sum to one per
-token, after capacity, and its router keeps a gradient), the checkpoint round-trips through the
-Hugging Face format, a dense run's workdir upcycles as its weights do, bad inputs write
-nothing, and train.py continues from the result."""
+token, after capacity, and its router keeps a gradient), the checkpoint keeps the catalogue's
+routing and is refused in the Hugging Face format, a dense run's workdir upcycles as its weights
+do, bad inputs write nothing, and train.py continues from the result."""
 import dataclasses
 import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 import switchzoo
-from switchzoo import (checkpoints, hf, loop, routing, steps, tensorfile, transformer, upcycle,
-                       weights)
+from switchzoo import checkpoints, hf, loop, routing, steps, transformer, upcycle, weights
 from switchzoo import state as state_lib
 
 from test_end_to_end import files, logged_steps, tiny_config  # noqa: F401  (files: a fixture)
@@ -41,26 +41,35 @@ def upcycled(tmp_path_factory):
     return dense, root / "out"
 
 
+def flat_params(origin: weights.Origin) -> dict:
+    """{parameter path: array} of a checkpoint's weights, loaded unrolled on one device."""
+    cfg = origin.cfg.replace(scan_layers=False)
+    params = jax.device_get(origin.load(state_lib.setup(cfg, **ONE_DEVICE)))
+    return {tuple(getattr(k, "key", k) for k in path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
 def test_every_expert_is_its_layers_dense_mlp_and_every_other_weight_is_copied(upcycled):
     dense, out = upcycled
-    a = tensorfile.TensorFile(dense / hf.SINGLE)
-    b = tensorfile.TensorFile(out / hf.SINGLE)
-    used, experts = set(), 0
-    for name in b.names():
-        if ".router." in name:
+    up = weights.resolve(out)
+    want, got = flat_params(weights.resolve(dense)), flat_params(up)
+    sparse = weights.sparse_layers(up.cfg)
+    E = up.cfg.moe.num_experts
+    experts = 0
+    for keys, leaf in got.items():
+        if "router" in keys:
             continue
-        # switch: encoder.block.1.layer.1.mlp.experts.expert_3.wi.weight
-        # t5:     encoder.block.1.layer.1.DenseReluDense.wi.weight
-        parts = name.split(".")
-        if "experts" in parts:
+        source = want.pop(keys)     # KeyError: a weight the dense model does not have
+        assert leaf.dtype == source.dtype, keys
+        if keys[1:2] == ("layers",) and keys[2] in sparse[keys[0]] and keys[3] == "ffn":
+            assert leaf.shape == (E,) + source.shape, keys
+            for e in range(E):
+                assert leaf[e].tobytes() == source.tobytes(), (keys, e)
             experts += 1
-            del parts[parts.index("experts"):parts.index("experts") + 2]
-        source = ".".join(parts).replace(".mlp.", ".DenseReluDense.")
-        assert a.get(source).dtype == b.get(name).dtype
-        assert a.get(source).tobytes() == b.get(name).tobytes(), name
-        used.add(source)
-    assert experts == 2 * 4 * 2       # (wi, wo) x 4 experts x one Switch layer per stack
-    assert used == set(a.names())     # nothing of the dense model left behind
+        else:
+            assert leaf.tobytes() == source.tobytes(), keys
+    assert experts == 2 * 2           # (wi, wo) x one Switch layer per stack
+    assert not want                   # nothing of the dense model left behind
 
 
 def test_routers_are_the_models_own_initialisation_with_the_seed(upcycled):
@@ -114,7 +123,8 @@ def test_the_upcycled_model_starts_as_its_dense_source_with_top_1_and_top_2_rout
     assert abs(loss(dispatch="einsum", eval_capacity_factor=E) - want) <= 1e-3
 
 
-ROUTE = jax.jit(routing.route, static_argnums=(1, 2), static_argnames="sum_to_one")
+ROUTE = jax.jit(routing.route, static_argnums=(1, 2),
+                static_argnames=("sum_to_one", "straight_through"))
 
 
 def test_a_token_that_loses_a_pick_to_capacity_keeps_gates_summing_to_one():
@@ -130,40 +140,111 @@ def test_a_token_that_loses_a_pick_to_capacity_keeps_gates_summing_to_one():
         np.testing.assert_allclose(np.sum(r.combine_GNEC[0, 1], -1), [0, 0, token_1], rtol=1e-6)
 
 
-def test_top_1_gates_are_one_and_the_router_keeps_the_raw_probabilitys_gradient():
-    """The exact renormalised top-1 gate is the constant 1, which would leave the router only
-    the aux and z losses; straight-through, it learns from the loss as an unnormalised Switch
-    router does (the kept gate's gradient is the probability's)."""
+def hand_routing(logits_GNE, top_k, capacity):
+    """The oracle's routing, in numpy: each token's top-k experts by probability, slots taken
+    choice by choice, then position by position (GShard's priority); (expert, kept) per pick."""
+    order = np.argsort(-np.asarray(logits_GNE), axis=-1)[..., :top_k]        # [G, N, P]
+    G, N, E = logits_GNE.shape
+    kept = np.zeros((G, N, top_k), bool)
+    for g in range(G):
+        used = np.zeros(E, int)
+        for p in range(top_k):
+            for n in range(N):
+                e = order[g, n, p]
+                kept[g, n, p] = used[e] < capacity
+                used[e] += 1
+    return order, kept
+
+
+def gated_sum(logits_GNE, w_GNE, order, kept, renormalise):
+    """The oracle's objective written by hand: sum over kept picks (hand_routing's) of gate x
+    w[token, expert], the gate the softmax probability, renormalised over the token's kept
+    picks if asked."""
+    probs = jax.nn.softmax(logits_GNE, axis=-1)
+    gates = jnp.take_along_axis(probs, jnp.asarray(order), -1) * kept
+    if renormalise:
+        gates = gates / jnp.maximum(jnp.sum(gates, -1, keepdims=True), 1e-30)
+    return jnp.sum(gates * jnp.take_along_axis(w_GNE, jnp.asarray(order), -1))
+
+
+def routed_sum(logits, w_GNE, top_k, capacity, straight_through):
+    """switchzoo's: the renormalised combine weights x w."""
+    r = routing.route(logits, top_k, capacity, sum_to_one=True, straight_through=straight_through)
+    return jnp.sum(r.combine_GNEC * w_GNE[..., None])
+
+
+ROUTED = jax.jit(jax.value_and_grad(routed_sum), static_argnums=(2, 3, 4))
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_straight_through_forward_is_the_ungated_output_and_its_gradient_the_raw_gates(top_k):
+    """Straight-through, by what it means: the forward value is the renormalised gates' (top-1:
+    every kept token's expert output, un-gated, exactly), the router's gradient is that of a
+    surrogate written here by hand in which each kept pick is weighted by its raw probability."""
     logits_GNE = jax.random.normal(jax.random.key(0), (2, 8, 4))
-    w_GNEC = jax.random.normal(jax.random.key(1), (2, 8, 4, 2))
+    w_GNE = jax.random.normal(jax.random.key(1), (2, 8, 4))
+    capacity = 2 if top_k == 1 else 3
+    order, kept = hand_routing(logits_GNE, top_k, capacity)
+    assert 0 < kept.sum() < kept.size                                      # some picks dropped
+    value, grad = ROUTED(logits_GNE, w_GNE, top_k, capacity, True)
+    if top_k == 1:        # the un-gated expert output: each kept token's weight exactly 1
+        r = ROUTE(logits_GNE, 1, capacity, sum_to_one=True, straight_through=True)
+        np.testing.assert_array_equal(np.sum(r.combine_GNEC, axis=(2, 3)), kept[..., 0])
+    np.testing.assert_allclose(value, gated_sum(logits_GNE, w_GNE, order, kept, True),
+                               rtol=1e-6)
+    want = jax.grad(gated_sum)(logits_GNE, w_GNE, order, kept, False)
+    assert np.abs(want).max() > 0.01
+    np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-7)
 
-    def objective(logits, sum_to_one):
-        return jnp.sum(routing.route(logits, 1, 2, sum_to_one=sum_to_one).combine_GNEC * w_GNEC)
-    grad = jax.jit(jax.grad(objective), static_argnums=1)     # compiled: faster than eager ops
-    r = ROUTE(logits_GNE, 1, 2, sum_to_one=True)
-    kept_GN = np.sum(r.dispatch_GNEC, axis=(2, 3))
-    assert 0 < kept_GN.sum() < 16                                  # some tokens dropped
-    np.testing.assert_array_equal(np.sum(r.combine_GNEC, axis=(2, 3)), kept_GN)
-    want = grad(logits_GNE, False)
-    assert np.abs(want).max() > 0
-    np.testing.assert_allclose(grad(logits_GNE, True), want, rtol=1e-6, atol=1e-7)
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_without_straight_through_the_router_gets_the_true_gradient_of_the_gate_value(top_k):
+    """The default (the paper's): the router's gradient is the gate value's own, checked by
+    central finite differences of the routed objective (routing held fixed: steps too small to
+    change any choice). Top-1's renormalised gate is the constant 1: no gradient at all."""
+    logits_GNE = jax.random.normal(jax.random.key(2), (1, 8, 4))
+    w_GNE = jax.random.normal(jax.random.key(3), (1, 8, 4))
+    capacity = 2 if top_k == 1 else 3
+    _, grad = ROUTED(logits_GNE, w_GNE, top_k, capacity, False)
+    x = np.asarray(logits_GNE, np.float64)
+    order, kept = hand_routing(x, top_k, capacity)
+
+    def objective(z):                                  # float64, the routing of ``x``
+        p = np.exp(z - z.max(-1, keepdims=True))
+        p = np.take_along_axis(p / p.sum(-1, keepdims=True), order, -1) * kept
+        p = p / np.where(p.sum(-1, keepdims=True) > 0, p.sum(-1, keepdims=True), 1.0)
+        return float(np.sum(p * np.take_along_axis(np.asarray(w_GNE, np.float64), order, -1)))
+    eps, fd = 1e-4, np.zeros_like(x)
+    for index in np.ndindex(x.shape):
+        up, down = x.copy(), x.copy()
+        up[index] += eps
+        down[index] -= eps
+        assert (hand_routing(up, top_k, capacity)[0] == order).all()
+        fd[index] = (objective(up) - objective(down)) / (2 * eps)
+    if top_k == 1:
+        assert np.abs(fd).max() < 1e-6
+    else:
+        assert np.abs(fd).max() > 0.01
+    np.testing.assert_allclose(grad, fd, atol=2e-5)
 
 
-def test_round_trip_through_the_hugging_face_format_and_the_catalogue_routing(upcycled,
-                                                                              tmp_path):
+def test_the_checkpoint_keeps_the_catalogue_routing_and_refuses_the_hugging_face_format(
+        upcycled, tmp_path):
+    """model.json holds what the HF config cannot (the catalogue's capacity factors,
+    gates_sum_to_one); saving the model in HF format is refused in one line, writing nothing:
+    transformers would scale each expert by the raw router probability (hf.refusal)."""
     _, out = upcycled
     origin = weights.resolve(out)
     want = switchzoo.zoo.get(TARGET).replace(vocab_size=512)
     want = want.replace(moe=dataclasses.replace(want.moe, gates_sum_to_one=True))
     assert origin.cfg == want       # model.json: the catalogue's capacity factors, not HF's 64
     assert weights.read_model(out / weights.MODEL_FILE) == want
-    assert hf.read_config(out).cfg.moe.expert_capacity == 64
-    hf.save(tmp_path, origin.cfg, origin.load(state_lib.setup(origin.cfg, **ONE_DEVICE)))
-    a, b = tensorfile.TensorFile(out / hf.SINGLE), tensorfile.TensorFile(tmp_path / hf.SINGLE)
-    assert sorted(a.names()) == sorted(b.names())
-    for n in a.names():
-        assert a.get(n).tobytes() == b.get(n).tobytes(), n
-    assert (tmp_path / "config.json").read_text() == (out / "config.json").read_text()
+    params = origin.load(state_lib.setup(origin.cfg, **ONE_DEVICE))
+    with pytest.raises(hf.CheckpointError) as e:
+        hf.save(tmp_path / "hf", origin.cfg, params)
+    assert str(e.value).startswith("cannot save in Hugging Face format: moe.gates_sum_to_one")
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -217,8 +298,12 @@ def test_a_dense_workdir_upcycles_to_the_same_checkpoint_with_its_tokenizer(upcy
     (tmp_path / "run" / "tokenizer.model").write_bytes(b"the run's SentencePiece model")
     assert upcycle.main(["--dense", str(tmp_path / "run"), "--model", TARGET, "--out",
                          str(tmp_path / "up"), "--seed", "3"]) == 0
-    for name in (hf.SINGLE, "config.json", weights.MODEL_FILE):
-        assert (tmp_path / "up" / name).read_bytes() == (out / name).read_bytes(), name
+    assert ((tmp_path / "up" / weights.MODEL_FILE).read_bytes()
+            == (out / weights.MODEL_FILE).read_bytes())
+    want, got = flat_params(weights.resolve(out)), flat_params(weights.resolve(tmp_path / "up"))
+    assert sorted(got) == sorted(want)
+    for keys, leaf in got.items():
+        assert leaf.dtype == want[keys].dtype and leaf.tobytes() == want[keys].tobytes(), keys
     assert (tmp_path / "up" / "tokenizer.model").read_bytes() == b"the run's SentencePiece model"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "up"]     # no temporary left
 
@@ -274,3 +359,118 @@ def test_a_decoder_only_model_upcycles_to_a_switchzoo_checkpoint(tmp_path):
         else:
             np.testing.assert_array_equal(leaf, source, err_msg=str(keys))
     assert experts == 2 * 2 and len(flat) == len(want) + len(sparse)      # + one router each
+
+
+def dense_run(root, optimizer: str, steps_done: int = 4):
+    """A dense LM's optimizer run ``steps_done`` steps (random gradients: the optimizer is what
+    is continued; a model's backward pass would only add compile time) under T5's rsqrt
+    schedule (lr 0.01, k 2: decaying from step 2), saved as the loop saves: (workdir, final
+    state, optimizer)."""
+    cfg = switchzoo.zoo.get("dense_tiny")
+    tx = state_lib.make_optimizer(optimizer, 1e-2, 2, 0.0, "rsqrt")
+    s = state_lib.setup(cfg, optimizer=tx, **ONE_DEVICE)
+    state = s.init()
+
+    @jax.jit
+    def step(state, grads):
+        updates, opt_state = s.tx.update(grads, state.opt_state, state.params)
+        return state_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates),
+                                    opt_state)
+    for i in range(steps_done):
+        state = step(state, random_grads(state.params, seed=100 + i))
+    ckpt = checkpoints.Checkpoints(root / "checkpoints", 1)
+    ckpt.save(steps_done, state, {}, force=True)
+    ckpt.close()
+    weights.write_model(root, cfg)
+    return root, jax.device_get(state), tx
+
+
+def continued(out, tx):
+    """The continued run's state as train.py's init_from builds it, and its set-up."""
+    origin = weights.resolve(out)
+    s = state_lib.setup(origin.cfg, optimizer=tx, **ONE_DEVICE)
+    state, line = upcycle.continued_state(origin, s, s.state_from(origin.load(s)))
+    return s, jax.device_get(state), line, origin
+
+
+def random_grads(params, seed=7):
+    key = jax.random.key(seed)
+    return jax.tree.map(lambda p: np.asarray(jax.random.normal(jax.random.fold_in(
+        key, p.size), p.shape), np.float32), params)
+
+
+def test_continue_schedule_goes_on_at_the_dense_step_with_fresh_moments(tmp_path):
+    """--continue schedule: the first continued step's update is a hand-written Adam's at the
+    dense run's schedule for step S + 1 (lr 0.01 x sqrt(2 / 4)) from zero moments, bias
+    corrected for step S + 1; a fresh start would use lr 0.01 and step 1's corrections."""
+    dense, _, tx = dense_run(tmp_path / "lm", "adamw")
+    assert upcycle.main(["--dense", str(dense), "--model", "switch_tiny", "--out",
+                         str(tmp_path / "up"), "--continue", "schedule"]) == 0
+    s, state, line, origin = continued(tmp_path / "up", tx)
+    assert int(state.step) == 4 and "from step 4" in line
+    grads = random_grads(state.params)
+    updates = jax.device_get(jax.jit(s.tx.update)(grads, state.opt_state, state.params)[0])
+    lr, t = 1e-2 * np.sqrt(2 / 4), 5
+    for (path, u), g in zip(jax.tree_util.tree_leaves_with_path(updates),
+                            jax.tree.leaves(grads)):
+        m_hat = 0.1 * g / (1 - 0.9 ** t)
+        v_hat = 0.02 * g * g / (1 - 0.98 ** t)
+        np.testing.assert_allclose(u, -lr * m_hat / (np.sqrt(v_hat) + 1e-8), rtol=2e-4,
+                                   atol=1e-9, err_msg=state_lib.path_name(path))
+    # moe.straight_through_steps counts from where the run began: steps 5..7 here
+    st = origin.cfg.replace(moe=dataclasses.replace(origin.cfg.moe, straight_through_steps=3))
+    last, plain = upcycle.straight_through_phase(dataclasses.replace(s, cfg=st), origin, 100)
+    assert last == 7 and plain.cfg.moe.straight_through_steps == 0
+
+
+def test_continue_optimizer_copies_the_dense_moments_into_every_expert(tmp_path):
+    """--continue optimizer (Adafactor, the recipe's): every expert's statistics are its dense
+    MLP's, every other weight's its own, the routers' fresh (zero); and the first continued
+    update of any weight, expert slices included, is the dense run's own optimizer going on
+    one step (its step S + 1) with that gradient."""
+    dense, dense_state, tx = dense_run(tmp_path / "lm", "adafactor")
+    assert upcycle.main(["--dense", str(dense), "--model", "switch_tiny", "--out",
+                         str(tmp_path / "up"), "--continue", "optimizer"]) == 0
+    s, state, line, origin = continued(tmp_path / "up", tx)
+    assert int(state.step) == 4 and "optimizer state" in line
+    names = set(s.dims)
+    got, want = (upcycle._by_statistic(x, names) for x in (state.opt_state,
+                                                              dense_state.opt_state))
+    assert set(got) == {"v_row", "v_col", "v"}
+    experts = 0
+    for stat, flat in got.items():
+        for name, x in flat.items():
+            if "/router/" in name:
+                assert not np.any(x), name
+            elif s.dims[name][0] == "experts":
+                experts += 1
+                for e in range(x.shape[0]):
+                    np.testing.assert_array_equal(x[e], want[stat][name], err_msg=name)
+            else:
+                np.testing.assert_array_equal(x, want[stat][name], err_msg=name)
+    assert experts == 3 * 2 * 2          # 3 statistics x (wi, wo) x 2 Switch layers
+    grads = random_grads(state.params)
+    updates = jax.device_get(jax.jit(s.tx.update)(grads, state.opt_state, state.params)[0])
+    flat_g, flat_u = upcycle._flat(grads), upcycle._flat(updates)
+    dense_update = jax.jit(lambda g: tx.update(g, dense_state.opt_state, dense_state.params)[0])
+    for e in (0, 5):                   # the dense optimizer on expert e's gradient slice
+        g = upcycle._nest({n: flat_g[n][e] if s.dims[n][0] == "experts" else flat_g[n]
+                           for n in upcycle._flat(dense_state.params)})
+        for name, u in upcycle._flat(jax.device_get(dense_update(g))).items():
+            mine = flat_u[name][e] if s.dims[name][0] == "experts" else flat_u[name]
+            np.testing.assert_allclose(mine, u, rtol=1e-5, atol=1e-9, err_msg=name)
+
+
+def test_bad_continue_and_straight_through_settings_are_refused_in_one_line(upcycled, tmp_path,
+                                                                             capsys):
+    dense, _ = upcycled
+    cases = [(["--continue", "schedule"], "--continue schedule needs a switchzoo workdir"),
+             (["--straight-through-steps", "-2"], "moe.straight_through_steps=-2: use 0")]
+    for extra, message in cases:
+        assert upcycle.main(["--dense", str(dense), "--model", TARGET, "--out",
+                             str(tmp_path / "o"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="only with moe.gates_sum_to_one=true"):
+        switchzoo.config.MoeConfig(straight_through_steps=5)

@@ -107,3 +107,30 @@ def test_cli_runs_as_a_module():
     assert rows[0]["name"] == "switch_base_tiny" and rows[0]["params"] > 0
     bad = subprocess.run(base + ["switch_basee_8"], capture_output=True, text=True)
     assert bad.returncode == 2 and "did you mean 'switch_base_8'" in bad.stderr
+
+
+def test_top2_expert_flops_count_the_picks_its_capacity_serves_by_hand():
+    """switch_tiny: d_model 64, d_ff 128, 8 experts, 2 Switch layers, groups of 32 tokens. A
+    served pick costs 2 x (wi + wo) / E = 2 x (2 x 64 x 128) = 32,768 FLOPs a layer, 65,536 over
+    both. Capacity is round(32 x factor / 8) slots an expert whatever top_k is: at 1.25 that is
+    5 x 8 = 40 slots for 32 tokens, 1.25 served picks a token (not top-2's 2); at 2.0, 64 slots,
+    both picks; at 1.0, 32 slots, one pick (as top-1)."""
+    import dataclasses
+    cfg = zoo.get("switch_tiny")
+    top1 = zoo.flops_per_token(cfg)
+
+    def top2(cf):
+        return zoo.flops_per_token(cfg.replace(moe=dataclasses.replace(
+            cfg.moe, top_k=2, train_capacity_factor=cf)))
+    assert top1 == 821_248
+    assert top2(1.0) == 821_248
+    assert top2(1.25) == 821_248 + 16_384          # + 0.25 x 65,536, not + 65,536
+    assert top2(2.0) == 821_248 + 65_536
+    # min_capacity 4: groups of 8 tokens over 4 experts get 16 slots, so both picks are served
+    from switchzoo.config import MoeConfig
+    assert zoo.served_picks(MoeConfig(num_experts=4, top_k=2, group_size=8,
+                                      train_capacity_factor=1.25)) == 2.0
+    assert zoo.served_picks(MoeConfig(num_experts=4, top_k=2, group_size=8,
+                                      train_capacity_factor=1.25, dispatch="dropless")) == 2.0
+    assert zoo.served_picks(MoeConfig(num_experts=8, top_k=2, group_size=0,
+                                      train_capacity_factor=1.25), seq_len=64) == 1.25

@@ -6,8 +6,8 @@
     python eval.py --table=switch_table1 --runs=DIR1,DIR2,...
     switchzoo-eval ...                                # the same, from an installed package
 
-The entry points (the script and the installed command) call switchzoo.cli.evaluate, which first
-re-runs the process with glibc's huge-page tunable (switchzoo.cli.huge_pages_env);
+The entry points (the script and the installed command) call switchzoo.commands.entry.evaluate,
+which first re-runs the process with glibc's huge-page tunable (entry.huge_pages_env);
 ``python -m`` on this module skips that.
 """
 import pathlib
@@ -15,7 +15,8 @@ import pathlib
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from switchzoo import cli, evaluate, tables
+from switchzoo import evaluate, tables
+from switchzoo.commands import cli
 
 config_flags.DEFINE_config_file("config", None, "Run config, when the workdir has none; without "
                                 "it, --config.FIELD=value overrides the run's saved config "
@@ -23,6 +24,8 @@ config_flags.DEFINE_config_file("config", None, "Run config, when the workdir ha
 flags.DEFINE_string("workdir", None, "The run to evaluate (results.json is written there).")
 flags.DEFINE_string("checkpoint", "", "A Hugging Face directory (or another run's workdir) "
                     "to evaluate instead.")
+flags.DEFINE_string("output", "", "Write results.json (and translations) into this directory "
+                    "instead of the workdir: for a run on a read-only mount.")
 flags.DEFINE_string("table", "", "Collect --runs into this paper table (see switchzoo.tables).")
 flags.DEFINE_list("runs", [], "Run directories for --table.")
 flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
@@ -46,7 +49,7 @@ def run_eval():
         raise ValueError("give --workdir=DIR (or --table=NAME --runs=DIR,...)")
     config = FLAGS.config or evaluate.load_config(pathlib.Path(FLAGS.workdir), OVERRIDES)
     cli.initialize_distributed()        # every process evaluates its share of the eval set
-    evaluate.run(config, FLAGS.workdir, FLAGS.checkpoint)
+    evaluate.run(config, FLAGS.workdir, FLAGS.checkpoint, output=FLAGS.output)
 
 
 def parse_flags(argv):

@@ -7,8 +7,8 @@
 ``--config=configs/NAME.py`` is the file in this directory when there is one, else the copy
 installed with the package (switchzoo.configs).
 
-The entry points (the script and the installed command) call switchzoo.cli.train, which first
-re-runs the process with glibc's huge-page tunable (switchzoo.cli.huge_pages_env);
+The entry points (the script and the installed command) call switchzoo.commands.entry.train,
+which first re-runs the process with glibc's huge-page tunable (entry.huge_pages_env);
 ``python -m`` on this module skips that.
 """
 import sys
@@ -16,9 +16,10 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from switchzoo import cli, dry_run, loop
+from switchzoo import dry_run, loop, registry
+from switchzoo.commands import cli
 
-config_flags.DEFINE_config_file("config", cli.config_path("configs/demo.py"),
+config_flags.DEFINE_config_file("config", registry.config_path("configs/demo.py"),
                                 "Run config (file.py[:variant]).")
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics, tokenizer and config.json go here "
                     "(required unless --dry_run).")

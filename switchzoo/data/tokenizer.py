@@ -24,6 +24,9 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 CACHE_NAME = "tokenizer.model"
 EXTRA_IDS = NUM_SENTINELS           # T5's "100extra"
 _SENTINEL = re.compile(r"<extra_id_(\d+)>")
+# A run's cached tokenizer that does not load: its checkpoints need the very same pieces.
+NOT_A_MODEL_FIX = ("restore it from a copy of the run (its checkpoints were trained with it), or "
+                   "start a new --workdir")
 
 
 class Tokenizer:
@@ -36,7 +39,15 @@ class Tokenizer:
     def __init__(self, model_proto: bytes, path: str | None = None):
         self.path = path
         self.proto = model_proto
-        self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        self._sp = spm.SentencePieceProcessor()
+        try:        # an empty proto parses as a model of no pieces
+            ok = bool(model_proto) and self._sp.LoadFromSerializedProto(model_proto)
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{path or 'the tokenizer'} is not a SentencePiece model: "
+                             + (NOT_A_MODEL_FIX if pathlib.Path(path or "").name == CACHE_NAME
+                                else "give the .model file SentencePiece trained"))
         if (self._sp.pad_id(), self._sp.eos_id()) != (PAD_ID, EOS_ID):
             raise ValueError(f"SentencePiece model {path} has pad_id={self._sp.pad_id()}, "
                              f"eos_id={self._sp.eos_id()}; switchzoo needs pad 0 and eos 1: train "

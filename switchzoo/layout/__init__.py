@@ -32,7 +32,7 @@ from switchzoo import registry
 
 PRESETS = "switchzoo.layouts"                 # the presets package (layouts/ in a clone)
 DEFAULT_AXES = ("data", "model", "expert")
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")       # a mesh axis or a preset name
 
 
 class LayoutError(ValueError):
@@ -59,7 +59,7 @@ def parse_mesh(text: str, num_devices: int | None = None) -> MeshSpec:
     axes, shape = [], []
     for entry in text.split(","):
         name, sep, size = entry.strip().partition(":")
-        if not sep or not _NAME.match(name.strip()):
+        if not sep or not NAME.match(name.strip()):
             raise LayoutError(f"mesh spec {text!r}: entry {entry!r} is not 'axis:size'; "
                               "write axes as 'data:2,model:2,expert:2'")
         name = name.strip()

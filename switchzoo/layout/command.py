@@ -7,7 +7,7 @@ import math
 import pathlib
 import sys
 
-from switchzoo.layout import DEFAULT_AXES, LayoutError, _NAME, hardware
+from switchzoo.layout import DEFAULT_AXES, NAME, LayoutError, advice, hardware
 from switchzoo.layout import search as search_lib
 
 GIB = search_lib.GIB
@@ -16,9 +16,9 @@ GIB = search_lib.GIB
 def load_config(text: str):
     """``configs/c4.py[:variant]`` (a clone's file, else the installed copy) -> ConfigDict."""
     import importlib.util
-    from switchzoo import cli
+    from switchzoo import registry
     path, _, variant = text.partition(":")
-    path = cli.config_path(path)
+    path = registry.config_path(path)
     if not pathlib.Path(path).is_file():
         raise LayoutError(f"--config {text}: no such file; give a run config such as "
                           "configs/c4.py")
@@ -45,7 +45,7 @@ def parse_fixed(text: str, axes: tuple[str, ...]) -> dict[str, int]:
 
 def parse_axes(text: str) -> tuple[str, ...]:
     axes = tuple(a.strip() for a in text.split(",") if a.strip())
-    bad = [a for a in axes if not _NAME.match(a)]
+    bad = [a for a in axes if not NAME.match(a)]
     if not axes or bad or len(set(axes)) != len(axes):
         raise LayoutError(f"--axes {text!r}: give distinct axis names such as "
                           "data,model,expert")
@@ -54,9 +54,10 @@ def parse_axes(text: str) -> tuple[str, ...]:
 
 def run_config(config, devices: int, profile: str, memory_gib: float | None, axes: str,
                fix: str, top: int, cache: bool, as_json: bool, write: str | None,
-               argv: list[str], include=()) -> int:
+               argv: list[str], include=(), spelling: str = "train") -> int:
     """Checks the request, starts a process with ``devices`` simulated devices if this one
-    lacks them, and searches (the command line and train.py --search_layout share this)."""
+    lacks them, and searches (the command line and train.py --search_layout share this;
+    ``spelling``: whose flags the advice names, "search" for this command's)."""
     from switchzoo import inspector
     if devices is None or devices < 1:
         raise LayoutError("--devices N: give the number of devices to lay the run out on")
@@ -65,7 +66,7 @@ def run_config(config, devices: int, profile: str, memory_gib: float | None, axe
     fixed = parse_fixed(fix, axes_t)
     if math.prod(fixed.values()) and devices % math.prod(fixed.values()):
         raise LayoutError(f"--fix {fix}: the pinned sizes do not divide {devices} devices")
-    if write and not _NAME.match(write):
+    if write and not NAME.match(write):
         raise LayoutError(f"--write {write!r}: a preset name is letters, digits and '_'")
     if memory_gib is not None and memory_gib <= 0:
         raise LayoutError(f"--memory-gib {memory_gib}: give a positive budget per device")
@@ -75,7 +76,8 @@ def run_config(config, devices: int, profile: str, memory_gib: float | None, axe
         return inspector.rerun_on_devices([sys.executable, *argv], devices)
     budget = (memory_gib * GIB) if memory_gib else prof.hbm_bytes
     result = search_lib.search(config, prof, budget, axes_t, fixed, top, cache,
-                    print_fn=(lambda *_: None) if as_json else print, include=include)
+                    print_fn=(lambda *_: None) if as_json else print, include=include,
+                    spelling=spelling)
     if write:
         path = search_lib.write_preset(write, result)
         if not as_json:
@@ -83,15 +85,14 @@ def run_config(config, devices: int, profile: str, memory_gib: float | None, axe
     if as_json:
         print(json.dumps(result))
     if not result["winner"]:
-        print(f"error: no compiled layout fits {budget / GIB:.1f} GiB per device; "
+        print(f"error: no compiled layout fits {advice.gib_text(budget)} per device; "
               f"{result.get('advice')}", file=sys.stderr)
         return 1
     return 0
 
 
-def main(argv=None) -> int:
+def parser():
     import argparse
-    argv = sys.argv[2:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m switchzoo.layout search",
                                 description=search_lib.__doc__.splitlines()[0])
     p.add_argument("--model", help="catalogue name (default: the config's)")
@@ -123,40 +124,69 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--write", help="save the winner as layouts/NAME.toml")
     p.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
-    args = p.parse_args(argv)
+    return p
+
+
+def config_from_args(args):
+    """The run config the search weighs: ``--config`` with this command's overrides."""
+    if args.batch is not None and (args.batch < 1 or args.batch % args.devices):
+        fits = [d for d in range(1, max(args.batch, 1) + 1) if args.batch % d == 0]
+        near = sorted(fits, key=lambda d: abs(d - args.devices))[:2]
+        raise LayoutError(
+            f"--batch {args.batch}: no mesh of {args.devices} devices splits "
+            f"{args.batch} sequences evenly (each device holds a whole number of them); "
+            f"give a positive multiple of --devices {args.devices} as --batch, or "
+            f"--devices {' or '.join(map(str, sorted(near)))}")
+    if args.top < 1:
+        raise LayoutError("--top: compile at least one candidate")
+    config = load_config(args.config)
+    if args.model:
+        from switchzoo import zoo
+        zoo.get(args.model)
+        config.model = args.model
+    _check_task(config, args.config)
+    config.dtype, config.remat, config.scan_layers = args.dtype, args.remat, not args.no_scan
+    if args.optimizer:
+        config.optimizer = args.optimizer
+    if args.length:
+        config.max_length = args.length
+    if args.batch:
+        config.per_device_batch_size = args.batch // args.devices
+    if args.grad_accum is not None:
+        config.grad_accum_steps = args.grad_accum
+    if args.group_size is not None:
+        config.moe.group_size = args.group_size
+    return config
+
+
+def _check_task(config, config_text: str) -> None:
+    """The model must suit the config's task; the fix names this command's flags."""
+    from switchzoo import zoo
+    if config.get("init_from"):
+        return                                  # the checkpoint's model: checked when read
+    encoder_decoder = zoo.get(config.model).is_encoder_decoder
+    if encoder_decoder != (config.task != "lm"):
+        kind, other, example, task_config = (
+            ("an encoder-decoder", "a decoder-only", "switch_tiny", "configs/c4.py")
+            if encoder_decoder else
+            ("a decoder-only", "an encoder-decoder", "switch_base_8", "configs/lm1b.py"))
+        raise LayoutError(f"--model {config.model} is {kind} model, and --config {config_text} "
+                          f"trains task '{config.task}', which needs {other} one; give "
+                          f"--config {task_config}, or {other} --model such as {example}")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[2:] if argv is None else argv
+    args = parser().parse_args(argv)
     try:
-        if args.batch is not None and (args.batch < 1 or args.batch % args.devices):
-            fits = [d for d in range(1, max(args.batch, 1) + 1) if args.batch % d == 0]
-            near = sorted(fits, key=lambda d: abs(d - args.devices))[:2]
-            raise LayoutError(
-                f"--batch {args.batch}: no mesh of {args.devices} devices splits "
-                f"{args.batch} sequences evenly (each device holds a whole number of them); "
-                f"give a positive multiple of --devices {args.devices} as --batch, or "
-                f"--devices {' or '.join(map(str, sorted(near)))}")
-        if args.top < 1:
-            raise LayoutError("--top: compile at least one candidate")
-        config = load_config(args.config)
-        if args.model:
-            from switchzoo import zoo
-            zoo.get(args.model)
-            config.model = args.model
-        config.dtype, config.remat, config.scan_layers = args.dtype, args.remat, not args.no_scan
-        if args.optimizer:
-            config.optimizer = args.optimizer
-        if args.length:
-            config.max_length = args.length
-        if args.batch:
-            config.per_device_batch_size = args.batch // args.devices
-        if args.grad_accum is not None:
-            config.grad_accum_steps = args.grad_accum
-        if args.group_size is not None:
-            config.moe.group_size = args.group_size
+        config = config_from_args(args)
         return run_config(config, args.devices, args.hardware, args.memory_gib, args.axes,
                           args.fix, args.top, not args.no_cache, args.json, args.write,
-                          ["-m", "switchzoo.layout", "search", *argv], args.include)
+                          ["-m", "switchzoo.layout", "search", *argv], args.include,
+                          spelling="search")
     except (ValueError, KeyError) as e:
         if args.verbose:
             raise
-        from switchzoo import cli
-        print(f"error: {cli.one_line(e)}", file=sys.stderr)
+        from switchzoo import errors
+        print(f"error: {errors.one_line(e)}", file=sys.stderr)
         return 2

@@ -11,18 +11,19 @@ under a stated cost model.
 2. Prune, saying how many and why: a dimension its axes do not divide; one tensor split twice
    over one axis (batch with heads / d_ff / vocab; experts with d_ff); a mesh axis that nothing
    splits (its devices repeat the work of the others: dominated); a state (parameters,
-   gradients, optimizer state, exact per device from the shardings) over the budget.
-3. Estimate the rest analytically (per-device activations under the remat policy; compute from
-   the model's FLOPs; gradient all-reduces, model-parallel all-reduces and expert all-to-alls
-   from their sizes) and compile the ``--top`` most promising with the run's real train step from
-   abstract state (switchzoo.dry_run.compile_step; nothing is allocated). Each compile is cached
-   on disk (``--cache``).
+   gradients, optimizer state per device from the shardings) over the budget.
+3. Estimate the rest (switchzoo/layout/estimate.py: activations under the remat policy; matmul
+   FLOPs with each stack at its own length and the experts' capacity slots; the collectives the
+   layout implies, priced like a compiled program's, hosts included) and compile the ``--top``
+   most promising with the run's real train step from abstract state
+   (switchzoo.dry_run.compile_step; nothing is allocated). Each compile is cached on disk.
 4. Rank what compiled by the cost model of switchzoo/layout/hardware.py over the compiled
    program (switchzoo/layout/hlo.py: matmul FLOPs and every collective with its bytes and mesh
    axes) and XLA's per-device peak memory; print the table and the winner as flags.
 
 Numbers are XLA:CPU's for the per-device program on simulated devices (the dry run's):
-fusion and so temporaries differ on TPU/GPU; the step time is a model, not a measurement.
+fusion and so temporaries differ on TPU/GPU; the step time is an estimate, not a measurement.
+When nothing fits, switchzoo/layout/advice.py says what would, in the command's own flags.
 """
 from __future__ import annotations
 
@@ -30,135 +31,16 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import os
 import pathlib
 import time
 
-from switchzoo.layout import hardware, hlo
+from switchzoo.layout import DEFAULT_AXES, NAME, LayoutError, advice, hardware, hlo
 from switchzoo.layout.candidates import (  # noqa: F401  (the search's vocabulary)
     DIMS, HOME, MODEL_DIMS, Candidate, Sizes, enumerate_candidates, factorisations)
-from switchzoo.layout import LayoutError, DEFAULT_AXES, _NAME
+from switchzoo.layout.estimate import analytic_model
 
 GIB = 2 ** 30
-
-
-# ------------------------------------------------------------------------- the analytic model
-
-@dataclasses.dataclass
-class Model:
-    """What the analytic estimate needs of the run, computed once."""
-    cfg: object
-    tensors: list            # (dims, elements) of every parameter
-    opt_per_param: float     # optimizer-state bytes per parameter byte (from the real optimizer)
-    shard_update: bool       # optimizer state also split over the batch axes
-    batch: int               # global sequences
-    lengths: tuple[int, ...] # tokens per sequence per stack (decoder-only: one stack)
-    act_bytes: int
-    remat: str
-    train_flops: float       # per step, forward + backward (+ recompute), all devices
-    model_flops: float       # per step, forward + backward: what MFU counts
-    accumulate: int = 1      # micro-batches per step: activations of one micro-batch live
-
-    def state_bytes(self, c: Candidate) -> int:
-        """Parameters + gradients (+ their sum over micro-batches) + optimizer state per device
-        (float32), from the layout."""
-        total = 0.0
-        bparts = c.parts("batch")
-        for dims, elements in self.tensors:
-            parts = math.prod(c.parts(d) for d in set(dims) if d in DIMS and d != "batch")
-            weights = 4 * elements / parts
-            grads = 2 if self.accumulate > 1 else 1       # + the accumulated sum
-            total += (1 + grads) * weights + weights * self.opt_per_param / (
-                bparts if self.shard_update else 1)
-        return int(total)
-
-    def activation_bytes(self, c: Candidate) -> int:
-        cfg, b = self.cfg, self.batch / c.parts("batch") / self.accumulate
-        heads = cfg.num_heads / c.parts("heads") * cfg.d_kv
-        ff = cfg.d_ff / c.parts("d_ff")
-        if cfg.moe:
-            ff = max(ff, cfg.moe.train_capacity_factor * cfg.d_ff / c.parts("d_ff"))
-        layers = ([cfg.num_encoder_layers, cfg.num_layers] if len(self.lengths) == 2
-                  else [cfg.num_layers])
-        total = 0.0
-        for n, length in zip(layers, self.lengths):
-            t = b * length
-            full = t * (4 * cfg.d_model + 4 * heads + 2 * cfg.num_heads / c.parts("heads")
-                        * length + 2 * ff) * self.act_bytes
-            saved = t * cfg.d_model * self.act_bytes if self.remat == "full" else full
-            total += n * saved + full
-        logits = b * self.lengths[-1] * cfg.vocab_size / c.parts("vocab") * 4 * 3
-        return int(total + logits)
-
-    def step_seconds(self, c: Candidate, profile: hardware.Profile) -> float:
-        """Compute + the collectives the layout implies, by their sizes (ring costs)."""
-        sizes, cfg = dict(c.mesh), self.cfg
-        batch_axes = set(c.axes("batch"))
-        tokens = self.batch / c.parts("batch") * sum(self.lengths)
-        passes = 4 if self.remat == "full" else 3
-        # compute: each weight's matmuls, split over the batch and over the weight's own axes
-        flops = 0.0
-        for dims, elements in self.tensors:
-            if len(dims) < 2 or "relpos_buckets" in dims:
-                continue
-            own = {a for d in set(dims) if d in DIMS for a in c.axes(d)} - batch_axes
-            share = (cfg.moe.top_k / cfg.moe.num_experts
-                     if cfg.moe and "experts" in dims else 1.0)
-            flops += 2 * elements * share * tokens / math.prod(sizes[a] for a in own)
-        seconds = passes * flops / profile.peak_flops
-        bw = profile.ici_bytes_per_s
-        # gradients: each parameter's shard is summed over the batch axes it is not split on
-        for dims, elements in self.tensors:
-            own = {a for d in set(dims) if d in DIMS for a in c.axes(d)}
-            n = math.prod(sizes[a] for a in batch_axes - own)
-            parts = math.prod(c.parts(d) for d in set(dims) if d in DIMS and d != "batch")
-            seconds += 2 * (n - 1) / n * 4 * elements / parts / bw
-        act = passes - 1                     # forward (+ recompute) and backward
-        layers = cfg.num_layers + cfg.num_encoder_layers
-        m = math.prod(sizes[a] for a in set(c.axes("heads")) | set(c.axes("d_ff")))
-        ring = lambda n: 2 * (n - 1) / n      # noqa: E731
-        seconds += act * 2 * layers * ring(m) * tokens * cfg.d_model * self.act_bytes / bw
-        if cfg.moe:
-            sparse = layers / max(cfg.moe.sparse_every, 1)
-            moved = tokens * cfg.moe.train_capacity_factor * cfg.d_model * self.act_bytes
-            e = math.prod(sizes[a] for a in set(c.axes("experts")) & batch_axes)
-            r = math.prod(sizes[a] for a in set(c.axes("experts")) - batch_axes)
-            seconds += act * 2 * sparse * (e - 1) / e * moved / bw      # dispatch + combine
-            seconds += act * sparse * ring(r) * tokens * cfg.d_model * self.act_bytes / bw
-        return seconds
-
-    def simplicity(self, c: Candidate) -> tuple:
-        """Tie-break: fewer split dimensions, then more on their usual axes."""
-        return (sum(len(a) for _, a in c.rules),
-                -sum(HOME[d] in a for d, a in c.rules))
-
-
-def analytic_model(config, cfg, optimizer) -> Model:
-    import jax
-    import numpy as np
-    from switchzoo import state as state_lib, zoo
-    from switchzoo.data import span_corruption
-    _, params, dims = state_lib.abstract_model(cfg)
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    tensors = [(tuple(dims[state_lib.path_name(p)]), int(np.prod(x.shape))) for p, x in flat]
-    param_bytes = sum(4 * e for _, e in tensors)
-    opt = jax.eval_shape(optimizer.init, params)
-    opt_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(opt)
-                    if hasattr(x, "dtype"))
-    if config.task == "span_corruption":
-        lengths = (config.max_length, span_corruption.lengths(
-            config.max_length, config.data.noise_density,
-            config.data.mean_noise_span_length)[1])
-    else:
-        lengths = (config.max_length,) * (2 if cfg.num_encoder_layers else 1)
-    batch = config.per_device_batch_size * jax.device_count()
-    per_token = zoo.flops_per_token(cfg, max(lengths))
-    passes = 4 if cfg.remat == "full" else 3
-    return Model(cfg, tensors, opt_bytes / param_bytes, bool(config.shard_optimizer_over_data),
-                 batch, lengths, 2 if cfg.dtype == "bfloat16" else 4, cfg.remat,
-                 passes * per_token * batch * lengths[-1], 3 * per_token * batch * lengths[-1],
-                 max(config.grad_accum_steps, 1))
 
 
 # --------------------------------------------------------------------------------- compiling
@@ -176,7 +58,8 @@ def code_version() -> str:
     root = pathlib.Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
     here = pathlib.Path(__file__).resolve().parent
-    skip = {here / f for f in ("search.py", "hardware.py", "candidates.py", "command.py")}
+    skip = {here / f for f in ("search.py", "hardware.py", "candidates.py", "command.py",
+                               "estimate.py", "advice.py")}
     for path in sorted(p for p in root.rglob("*.py") if p.resolve() not in skip):
         h.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
     return h.hexdigest()
@@ -215,7 +98,8 @@ def program_of(measured: dict) -> hlo.Program:
 
 # ------------------------------------------------------------------------------------ search
 
-def _run_cfg(config):
+def run_model(config):
+    """The run's model config (the catalogue's, or the one ``init_from`` names)."""
     from switchzoo import dry_run, state as state_lib, weights
     origin = weights.resolve(config.init_from).cfg if config.init_from else None
     return state_lib.run_model_config(config, dry_run.vocab_size(config), origin)
@@ -235,18 +119,25 @@ def parse_include(text: str, axes: tuple[str, ...], n: int) -> Candidate:
                      + tuple((d, a) for d, a in rules.items() if d not in DIMS))
 
 
+def state_fits(state_bytes: float, budget_bytes: float) -> bool:
+    """The pruning check: a candidate whose state alone is over the budget cannot fit."""
+    return state_bytes <= budget_bytes
+
+
 def search(config, profile: hardware.Profile, budget_bytes: float,
            axes: tuple[str, ...] = DEFAULT_AXES, fixed: dict[str, int] | None = None,
-           top: int = 6, cache: bool = True, print_fn=print, include=()) -> dict:
+           top: int = 6, cache: bool = True, print_fn=print, include=(),
+           spelling: str = "search") -> dict:
     """Runs in a process with the N devices to search over (simulated CPU devices).
     ``include``: MESH/LAYOUT texts compiled and ranked beside the search's (a paper's choice,
-    or a preset), marked in the table."""
+    or a preset), marked in the table. ``spelling``: the flags the advice is written in
+    ("search": this command's; "train": train.py's)."""
     import jax
     from switchzoo import state as state_lib
     n = jax.device_count()
-    cfg = _run_cfg(config)
+    cfg = run_model(config)
     optimizer = state_lib.run_optimizer(config)
-    model = analytic_model(config, cfg, optimizer)
+    model = analytic_model(config, cfg, optimizer, n)
     sizes = Sizes(model.batch // model.accumulate, cfg.num_heads, cfg.d_ff, cfg.vocab_size,
                   cfg.moe.num_experts if cfg.moe else 0)
     start = time.perf_counter()
@@ -259,15 +150,15 @@ def search(config, profile: hardware.Profile, budget_bytes: float,
             f"{sizes.vocab}{f', experts {sizes.experts}' if sizes.experts else ''}); choose a "
             f"device count that divides them (e.g. {_nearest_count(n, sizes)})")
     estimates = []
-    for c in cands:
-        state = model.state_bytes(c)
-        if state > budget_bytes:
+    for c, state in zip(cands, map(model.state_bytes, cands)):
+        if not state_fits(state, budget_bytes):
             pruned["state over the budget"] = pruned.get("state over the budget", 0) + 1
             continue
         estimates.append((c, state, state + model.activation_bytes(c),
                           model.step_seconds(c, profile)))
     if not estimates:
-        raise LayoutError(_over_budget(model, cands, budget_bytes, n, profile))
+        raise LayoutError(advice.advise(model, min(cands, key=model.state_bytes), budget_bytes,
+                                        n, spelling=spelling))
     fitting = sorted((e for e in estimates if e[2] <= budget_bytes),
                      key=lambda e: (round(e[3], 6), model.simplicity(e[0])))
     rest = sorted((e for e in estimates if e[2] > budget_bytes), key=lambda e: e[2])
@@ -298,7 +189,7 @@ def search(config, profile: hardware.Profile, budget_bytes: float,
     for c, state, estimate, analytic in chosen:
         m = measure(config, c, profile, cache)
         program = program_of(m)
-        cost = hardware.step_cost(program, profile)
+        cost = hardware.step_cost(program, profile, c.mesh)
         peak = m["memory"].get("peak_estimate_bytes")
         useful = model.model_flops / n
         rows.append({
@@ -317,59 +208,20 @@ def search(config, profile: hardware.Profile, budget_bytes: float,
                  f"{(peak or 0) / GIB:.2f} GiB, step {rows[-1]['step_ms']:.1f} ms"
                  + (" (cached)" if m["cached"] else f" (compiled in {m['compile_seconds']} s)"))
     rows.sort(key=lambda r: (not r["fits"], r["step_ms"] if r["fits"] else r["peak_bytes"] or 0))
-    advice = None
+    advised = None
     if rows and not rows[0]["fits"]:
-        low = rows[0]
-        advice = nearest_feasible(model, low, budget_bytes, n)
+        low = next(c for c, *_ in chosen if c.mesh_text == rows[0]["mesh"]
+                   and c.layout_text == rows[0]["layout"])
+        advised = advice.advise(model, low, budget_bytes, n, rows[0]["peak_bytes"], spelling)
     result = {"model": config.model, "devices": n, "hardware": profile.key,
               "budget_bytes": budget_bytes, "batch": model.batch, "lengths": model.lengths,
               "dtype": cfg.dtype, "remat": cfg.remat, "optimizer": config.optimizer,
               "enumerated": len(estimates) + sum(pruned.values()), "pruned": pruned,
               "estimated": len(estimates), "compiled": len(rows), "rows": rows,
-              "winner": rows[0] if rows and rows[0]["fits"] else None, "advice": advice,
+              "winner": rows[0] if rows and rows[0]["fits"] else None, "advice": advised,
               "seconds": round(time.perf_counter() - start, 1)}
     print_fn(format_table(result))
     return result
-
-
-def nearest_feasible(model: Model, row: dict, budget: float, n: int) -> str:
-    """What would bring the lowest compiled peak under the budget, each change with its
-    estimated peak: the compiled peak minus the activations the change saves (analytic)."""
-    cand = Candidate(tuple((a, int(s)) for a, s in (e.split(":") for e in row["mesh"].split(","))),
-                     tuple((d, tuple(a.split("+"))) for d, a in
-                           (e.split(":") for e in row["layout"].split(",") if e)))
-    acts = model.activation_bytes(cand)
-    peak = row["peak_bytes"]
-    gib = lambda b: f"{b / GIB:.1f} GiB"    # noqa: E731
-    options = []
-    best = None
-    summed = dataclasses.replace(model, accumulate=max(model.accumulate, 2))
-    extra = summed.state_bytes(cand) - model.state_bytes(cand)   # the gradients' running sum
-    for k in (2, 4, 8, 16, 32, 64):
-        if model.batch % (model.accumulate * k * cand.parts("batch")) or \
-                summed.state_bytes(cand) > budget:
-            break
-        less = acts - dataclasses.replace(model, accumulate=model.accumulate * k) \
-            .activation_bytes(cand)
-        best = f"--grad-accum {model.accumulate * k} (~{gib(peak - less + extra)})"
-        if peak - less + extra <= budget:
-            break
-    if best:
-        options.append(best)
-    if model.remat != "full":
-        less = acts - dataclasses.replace(model, remat="full").activation_bytes(cand)
-        options.append(f"--remat full (~{gib(peak - less)})")
-    if model.act_bytes == 4:
-        less = acts - dataclasses.replace(model, act_bytes=2).activation_bytes(cand)
-        options.append(f"--dtype bfloat16 (~{gib(peak - less)})")
-    if not model.shard_update:
-        saved = model.state_bytes(cand) - dataclasses.replace(
-            model, shard_update=True).state_bytes(cand)
-        options.append(f"weight-update sharding, --config.shard_optimizer_over_data=true "
-                       f"(~{gib(peak - saved)})")
-    options.append(f"{2 * n} devices (~{gib(peak / 2)} if state and activations halve)")
-    return (f"the lowest peak is {gib(peak)} ({row['mesh']} {row['layout']}); nearest "
-            f"feasible: " + "; ".join(options))
 
 
 def _nearest_count(n: int, sizes: Sizes) -> int:
@@ -377,27 +229,6 @@ def _nearest_count(n: int, sizes: Sizes) -> int:
         if m != n and sizes.batch % m == 0:
             return m
     return 1
-
-
-def _over_budget(model: Model, cands, budget: float, n: int, profile) -> str:
-    """One line: no layout's state fits; the nearest feasible changes, each with its estimate."""
-    best = min(cands, key=model.state_bytes)
-    gib = lambda b: f"{b / GIB:.1f} GiB"    # noqa: E731
-    state = model.state_bytes(best)
-    options = [f"{2 * n}+ devices (state ~{gib(state / 2)} on 2x the devices)"]
-    if not model.shard_update:
-        sharded = dataclasses.replace(model, shard_update=True).state_bytes(best)
-        options.append(f"--config.shard_optimizer_over_data=true (weight-update sharding: "
-                       f"~{gib(sharded)})")
-    if model.remat != "full":
-        options.append(f"--config.remat=full (activations ~"
-                       f"{gib(dataclasses.replace(model, remat='full').activation_bytes(best))})")
-    if model.act_bytes == 4:
-        options.append(f"--config.dtype=bfloat16 (activations ~"
-                       f"{gib(dataclasses.replace(model, act_bytes=2).activation_bytes(best))})")
-    return (f"no layout on {n} devices fits {gib(budget)} per device: the smallest state "
-            f"(parameters, gradients, optimizer) is {gib(state)} ({best.mesh_text} "
-            f"{best.layout_text}); nearest feasible: " + "; ".join(options))
 
 
 def format_table(result: dict) -> str:
@@ -427,7 +258,7 @@ def write_preset(name: str, result: dict, folder: pathlib.Path | None = None) ->
     """layouts/NAME.toml from the winner; refuses to overwrite a preset."""
     import importlib.resources
     from switchzoo import layout as layout_lib
-    if not _NAME.match(name):
+    if not NAME.match(name):
         raise LayoutError(f"--write {name!r}: a preset name is letters, digits and '_'")
     if result["winner"] is None:
         raise LayoutError("--write: no candidate fits the budget, so there is nothing to save")

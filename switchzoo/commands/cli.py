@@ -1,110 +1,29 @@
-"""What train.py and eval.py share: their entry points (which first re-run the process with
-glibc's huge-page tunable, see huge_pages_env), bad flags and bad input as one-line errors,
-exit code 2."""
+"""What the command lines (commands/train.py, commands/eval.py) share: absl flag parsing with a
+bad flag or config as a one-line error (exit status 2), the distributed flags and
+jax.distributed, user mistakes as 'error: ...' lines. A command-line module: the library never
+imports it (it imports switchzoo.errors, whose one_line and bad_flag it re-exports)."""
 from __future__ import annotations
 
-import importlib.resources
 import os
-import pathlib
 import re
+import signal
 import socket
 import sys
 import time
 
 from absl import flags
 
-
-HUGE_PAGES = "glibc.malloc.hugetlb=1"
-
-
-def huge_pages_env(environ, thp_mode: str, libc: tuple[str, str]) -> dict | None:
-    """The environment to re-run this process in so that glibc's malloc asks for transparent
-    huge pages, or None where that changes nothing or the user said no.
-
-    XLA:CPU allocates each step's temporaries afresh, and glibc serves allocations this large
-    with new mmaps: every step touched ~36,000 fresh 4 KiB pages at the peer bench's config
-    (docs/benchmarks.md), 5-15% of a step. With the tunable, malloc madvises huge
-    pages (~110 faults per step). glibc reads tunables only at start-up, hence a re-run. Only
-    where the kernel's THP mode is ``madvise`` (``always`` needs no help, ``never`` allows
-    none), glibc >= 2.35 (the tunable's first release), and SWITCHZOO_HUGE_PAGES is not 0."""
-    tunables = environ.get("GLIBC_TUNABLES", "")
-    if environ.get("SWITCHZOO_HUGE_PAGES", "1") == "0" or "glibc.malloc.hugetlb" in tunables:
-        return None
-    name, version = libc
-    try:
-        new_enough = name == "glibc" and tuple(map(int, version.split(".")[:2])) >= (2, 35)
-    except ValueError:
-        new_enough = False
-    if "[madvise]" not in thp_mode or not new_enough:
-        return None
-    return {**environ, "GLIBC_TUNABLES": ":".join(filter(None, [tunables, HUGE_PAGES]))}
-
-
-THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
-
-
-def use_huge_pages(thp_mode: str = THP_MODE) -> None:
-    """Re-runs this command (same interpreter, its options such as ``-u`` and the same
-    arguments) with huge_pages_env's environment, before anything is allocated; a no-op where
-    that returns None, and where the re-run cannot start (the command then goes on as is)."""
-    import platform
-    if sys.platform != "linux":
-        return
-    try:
-        mode = pathlib.Path(thp_mode).read_text()
-    except OSError:
-        return
-    env = huge_pages_env(os.environ, mode, platform.libc_ver())
-    if env is not None and sys.argv and pathlib.Path(sys.argv[0]).is_file():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        try:
-            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
-        except OSError:
-            return
-
-
-def train() -> None:
-    """The ``switchzoo-train`` / train.py entry: huge pages first, then the command."""
-    use_huge_pages()
-    from switchzoo.commands import train as command
-    command.run()
-
-
-def evaluate() -> None:
-    """The ``switchzoo-eval`` / eval.py entry."""
-    use_huge_pages()
-    from switchzoo.commands import eval as command
-    command.run()
-
-
-def one_line(e: BaseException) -> str:
-    text = str(e.args[0] if e.args else e)
-    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":    # a repr'd message
-        text = text[1:-1].replace("\\n", " ").replace("\\'", "'")
-    return " ".join(text.split())
-
-
-def config_path(path: str) -> str:
-    """``configs/NAME.py`` as given when it exists here (a clone), else the copy installed in
-    the package (switchzoo.configs), else as given (and the loader's error names it)."""
-    if pathlib.Path(path).exists():
-        return path
-    parent, name = pathlib.Path(path).parent.name, pathlib.Path(path).name
-    if parent in ("configs", "") and name.endswith(".py"):
-        packaged = importlib.resources.files("switchzoo.configs") / name
-        if packaged.is_file():
-            return str(packaged)
-    return path
+from switchzoo import registry, workdir
+from switchzoo.errors import bad_flag, one_line  # noqa: F401  (the commands call cli.bad_flag)
 
 
 def _packaged_configs(argv: list[str]) -> list[str]:
-    """Each --config=FILE[:variant] resolved by config_path."""
+    """Each --config=FILE[:variant] resolved by registry.config_path."""
     out = []
     for arg in argv:
         if arg.startswith("--config="):
             path, sep, variant = arg[len("--config="):].partition(":")
-            arg = f"--config={config_path(path)}{sep}{variant}"
+            arg = f"--config={registry.config_path(path)}{sep}{variant}"
         out.append(arg)
     return out
 
@@ -146,11 +65,6 @@ def flag_error(e: BaseException) -> str:
             if words in why:
                 return f"config field {field}='{value}' is not {kind}"
     return text
-
-
-def bad_flag(text: str):
-    print(f"error: bad flag: {text}", file=sys.stderr)
-    sys.exit(2)
 
 
 def define_distributed_flags() -> None:
@@ -232,15 +146,27 @@ def wait_for_coordinator(address: str, timeout: float, connect=socket.create_con
 
 
 def run(fn, verbose_flag: str = "verbose") -> None:
-    """Calls ``fn()``; user mistakes become 'error: ...' on stderr and exit status 2."""
+    """Calls ``fn()``; user mistakes and filesystem faults (a full disk, a read-only
+    directory: switchzoo.workdir) become 'error: ...' on stderr and exit status 2; an
+    interrupt (Ctrl-C where the run does not take it as a preemption) one line and 128 + the
+    signal's number."""
     try:
         fn()
-    except (ValueError, KeyError, FileNotFoundError, FloatingPointError) as e:
-        if flags.FLAGS[verbose_flag].value:
+    except (ValueError, KeyError, FileNotFoundError, FloatingPointError, OSError) as e:
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+            e = workdir.explain(e) or e
+        if flags.FLAGS[verbose_flag].value or isinstance(e, OSError) and \
+                not isinstance(e, FileNotFoundError):
             raise
-        print(f"error: {PROCESS}{one_line(e)}", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Skip interpreter teardown: a failed restore can leave I/O threads whose shutdown
-        # noise would bury the one line that matters.
-        os._exit(2)
+        _exit(one_line(e), 2)
+    except KeyboardInterrupt as e:
+        _exit(one_line(e) or "interrupted", 128 + getattr(e, "signum", signal.SIGINT))
+
+
+def _exit(text: str, code: int) -> None:
+    print(f"error: {PROCESS}{text}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: a failed restore can leave I/O threads (and an interrupted
+    # input pipeline its threads) whose shutdown noise would bury the one line that matters.
+    os._exit(code)

@@ -1,0 +1,74 @@
+"""The studies' plots: held-out loss against step, one panel per group of runs, and the routers'
+curves (entropy, confidence, logit std) per run and Switch layer. Read harness.collect's result
+dict; write a PNG."""
+from __future__ import annotations
+
+import pathlib
+from typing import Sequence
+
+ROUTING = ("router_confidence", "router_entropy", "router_logit_std")
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_curves(result: dict, path: pathlib.Path, groups: dict[str, Sequence[str]] | None = None,
+                ylabel: str = "held-out loss (nats per token, lower is better)",
+                offsets: dict[str, int] | None = None,
+                xlabel: str = "training step") -> None:
+    """Eval loss against step, one panel per group of runs (default: every run in one);
+    ``offsets``: steps added to a run's (a continuation drawn from the step it starts at)."""
+    plt = _pyplot()
+    groups = groups or {result["study"]: list(result["runs"])}
+    groups = {t: [n for n in names if n in result["runs"]] for t, names in groups.items()}
+    groups = {t: names for t, names in groups.items() if names}
+    offsets = offsets or {}
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), squeeze=False)
+    for ax, (title, names) in zip(axes[0], groups.items()):
+        for i, name in enumerate(names):
+            r = result["runs"][name]
+            ax.plot([s + offsets.get(name, 0) for s in r["steps"]], r["eval_loss"], marker="o",
+                    ms=2.5, lw=1.2, color=f"C{i % 10}",
+                    ls="--" if r["model"].startswith(("dense", "t5")) else "-",
+                    label=f"{name} ({r['final_eval_loss']:.3f})")
+        finals = [result["runs"][n]["final_eval_loss"] for n in names]
+        ax.set_ylim(min(finals) - 0.1, min(finals) + 1.0)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_router_curves(result: dict, path: pathlib.Path) -> bool:
+    """Router entropy, confidence (mean top probability) and logit std against step, per run
+    and Switch layer: how far routing has left uniform. False (and no file) without routed
+    runs."""
+    curves = {n: r["router_curves"] for n, r in result["runs"].items()
+              if r.get("router_curves") and r["router_curves"]["router_entropy"][-1]}
+    if not curves:
+        return False
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(ROUTING), figsize=(14, 3.8))
+    for ax, key in zip(axes, ROUTING):
+        for i, (name, c) in enumerate(curves.items()):
+            logged = [(s, v) for s, v in zip(c["step"], c[key]) if v is not None]
+            for layer in range(len(logged[-1][1])):
+                ax.plot([s for s, _ in logged], [v[layer] for _, v in logged],
+                        color=f"C{i % 10}", lw=1, ls=("-", "--", ":", "-.")[layer % 4],
+                        label=f"{name}, Switch layer {layer}")
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,108 @@
+"""The arithmetic the claims studies read their results with: when a curve reaches a loss, which
+runs differ only by seed, their spread and mean curve, and a comparison of two runs under the
+one seed-noise rule (switchzoo.noise). Pure Python on harness.collect's result dict."""
+from __future__ import annotations
+
+import pathlib
+import statistics
+import sys
+from typing import Sequence
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from switchzoo import noise  # noqa: E402
+
+
+def reach_step(curve: Sequence[tuple[int, float]], target: float) -> float | None:
+    """The first step at which ``curve`` (step, loss) reaches ``target`` (loss <= target),
+    linearly interpolated between the evaluation before it and the one that reaches it; the
+    first evaluation's step when that one is already there (the crossing was earlier, unseen);
+    None if it never does. A curve that dips below and rises again reached it at the dip."""
+    previous = None
+    for step, loss in curve:
+        if loss <= target:
+            if previous is None:
+                return float(step)
+            s0, l0 = previous
+            return s0 + (l0 - target) / (l0 - loss) * (step - s0)
+        previous = (step, loss)
+    return None
+
+
+def against_baselines(runs: dict[str, dict]) -> None:
+    """Adds to each run summary (harness.summarise's) compared with another run (its
+    ``baseline``): the step at which it first reaches the baseline's final eval loss
+    (reach_step, rounded), that step over the baseline's last step, and its final loss minus
+    the baseline's."""
+    for name, s in runs.items():
+        base = runs.get(s["baseline"]) if s["baseline"] else None
+        if base is None or s["baseline"] == name:
+            continue
+        reached = reach_step(list(zip(s["steps"], s["eval_loss"])), base["final_eval_loss"])
+        s["steps_to_baseline_final_loss"] = None if reached is None else round(reached)
+        s["fraction_of_baseline_steps"] = (None if reached is None
+                                           else round(reached / base["steps"][-1], 3))
+        s["eval_loss_minus_baseline"] = round(s["final_eval_loss"] - base["final_eval_loss"], 4)
+
+
+def _setup(run: dict) -> tuple:
+    """What a run trains, but its seed (and its baseline, which names the seed's own dense)."""
+    return run["model"], tuple(run.get("flags", ())), run.get("train_steps"), run.get(
+        "starts_from")
+
+
+def seeds(result: dict, name: str, key: str = "final_eval_loss") -> dict[int, float]:
+    """{seed: value} of run ``name`` and of every run that differs from it only by seed (a
+    run recorded without a seed ran seed 0)."""
+    runs = result["runs"]
+    if name not in runs:
+        return {}
+    setup = _setup(runs[name])
+    out = {r.get("seed", 0): r[key] for n, r in runs.items()
+           if n != name and _setup(r) == setup and r.get(key) is not None}
+    if runs[name].get(key) is not None:
+        out[runs[name].get("seed", 0)] = runs[name][key]
+    return out
+
+
+def reference(result: dict) -> float | None:
+    """The study's reference spread (switchzoo.noise.reference): the largest seed spread of
+    one model's final held-out loss over the runs that differ only by seed."""
+    groups: dict[tuple, dict[int, float]] = {}
+    for r in result["runs"].values():
+        if r.get("final_eval_loss") is not None:
+            groups.setdefault(_setup(r), {})[r.get("seed", 0)] = r["final_eval_loss"]
+    return noise.reference({str(k): v for k, v in groups.items()})
+
+
+def compare(result: dict, better: str, worse: str, ref: float | None = None) -> dict:
+    """Run ``better`` against run ``worse`` (final held-out loss, lower is better) under the
+    one rule, like for like over their common seeds, with the study's reference spread unless
+    ``ref`` is given; the runs and the verdict's words added."""
+    ref = reference(result) if ref is None else ref
+    c = noise.compare(seeds(result, better), seeds(result, worse), ref)
+    return {"runs": [better, worse], **c, "verdict": noise.verdict(c)}
+
+
+def seed_spread(result: dict, names: Sequence[str]) -> dict | None:
+    """Mean and spread (max - min) of the final eval loss over runs that differ by seed."""
+    losses = [result["runs"][n]["final_eval_loss"] for n in names if n in result["runs"]]
+    if len(losses) < 2:
+        return None
+    return {"runs": list(names), "mean": round(statistics.fmean(losses), 4),
+            "spread": round(max(losses) - min(losses), 4)}
+
+
+def mean_curve(result: dict, names: Sequence[str]) -> list[tuple[int, float]]:
+    """The step-wise mean eval curve of runs that differ by seed (their common steps)."""
+    curves = [dict(zip(result["runs"][n]["steps"], result["runs"][n]["eval_loss"]))
+              for n in names if n in result["runs"]]
+    common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    return [(s, statistics.fmean(c[s] for c in curves)) for s in common]
+
+
+def dropped(run: dict) -> list[float] | None:
+    """A routed run's dropped fraction of its picks in training (last interval, per Switch
+    layer), rounded to 3 decimals; None for a dense run."""
+    d = run.get("dropped_fraction_train")
+    return None if d is None else [round(x, 3) for x in d]

@@ -1,0 +1,201 @@
+"""The arithmetic every "steps to dense's loss" and holds / fails verdict of the claims studies
+comes from, on hand-worked curves and losses: verdicts.reach_step and the baseline comparison,
+the seed spread, the one noise rule (switchzoo.noise), lm_claims.claims,
+routing_family.findings; and harness.write, which leaves a published result alone unless asked.
+Pure Python: no run trains here."""
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import harness  # noqa: E402
+import lm_claims  # noqa: E402
+import rejudge  # noqa: E402
+import routing_family  # noqa: E402
+import verdicts  # noqa: E402
+from switchzoo import noise  # noqa: E402
+
+
+def test_reach_step_interpolates_between_the_evaluation_before_and_the_one_that_reaches():
+    curve = [(200, 5.0), (400, 4.0), (600, 3.8)]
+    # 4.25 is a quarter of the way from 4.0 back to 5.0: 3/4 of the 200 steps after step 200
+    assert verdicts.reach_step(curve, 4.25) == pytest.approx(350.0)
+    assert verdicts.reach_step(curve, 3.9) == pytest.approx(500.0)     # between 400 and 600
+    assert verdicts.reach_step(curve, 4.0) == 400.0                    # exactly at an evaluation
+
+
+def test_reach_step_below_the_target_at_the_first_evaluation_or_never():
+    # already there at the first evaluation: its step (the crossing before it is unseen)
+    assert verdicts.reach_step([(200, 4.0), (400, 3.5)], 4.5) == 200.0
+    assert verdicts.reach_step([(200, 5.0), (400, 4.8)], 4.5) is None
+    assert verdicts.reach_step([], 4.5) is None
+
+
+def test_reach_step_of_a_curve_that_rises_again_takes_the_first_crossing():
+    curve = [(200, 5.0), (400, 4.2), (600, 4.6), (800, 4.1)]
+    assert verdicts.reach_step(curve, 4.4) == pytest.approx(350.0)      # 200 + 0.6 / 0.8 x 200
+    # 4.15 is first reached after the bump: from step 600's 4.6, not from the earlier 4.2
+    assert verdicts.reach_step(curve, 4.15) == pytest.approx(780.0)     # 600 + 0.45 / 0.5 x 200
+
+
+def summary(steps, losses, seed=0, model="m", baseline=None, flags=(), finished=True, **extra):
+    return {"model": model, "flags": list(flags), "seed": seed, "baseline": baseline,
+            "starts_from": None, "train_steps": steps[-1], "finished": finished,
+            "steps": list(steps), "eval_loss": list(losses), "final_eval_loss": losses[-1],
+            **extra}
+
+
+def test_against_baselines_gives_the_step_its_fraction_and_the_final_difference():
+    runs = {"dense": summary([200, 400, 600, 800], [5.0, 4.6, 4.4, 4.3], baseline="dense"),
+            "fast": summary([200, 400, 600, 800], [4.9, 4.5, 4.2, 4.1], baseline="dense"),
+            "slow": summary([200, 400, 600, 800], [5.2, 5.0, 4.9, 4.8], baseline="dense")}
+    verdicts.against_baselines(runs)
+    assert "steps_to_baseline_final_loss" not in runs["dense"]            # its own baseline
+    # fast reaches dense's 4.3 between 400 (4.5) and 600 (4.2): 400 + 0.2 / 0.3 x 200 = 533.3
+    assert runs["fast"]["steps_to_baseline_final_loss"] == 533
+    assert runs["fast"]["fraction_of_baseline_steps"] == pytest.approx(0.667)
+    assert runs["fast"]["eval_loss_minus_baseline"] == pytest.approx(-0.2)
+    assert runs["slow"]["steps_to_baseline_final_loss"] is None
+    assert runs["slow"]["fraction_of_baseline_steps"] is None
+
+
+def test_seed_spread_is_max_minus_min_over_the_seeds_that_ran():
+    result = {"runs": {"a": summary([10], [4.6264]), "a_s1": summary([10], [4.6152], seed=1)}}
+    assert verdicts.seed_spread(result, ["a", "a_s1"]) == {
+        "runs": ["a", "a_s1"], "mean": 4.6208, "spread": 0.0112}
+    assert verdicts.seed_spread(result, ["a", "missing"]) is None
+
+
+def test_the_noise_rule_judges_same_seed_gaps_like_for_like():
+    # both models move 0.5 with the seed, the gap only 0.04: paired, the 0.12 gap is beyond
+    # noise (unpaired means against the 0.54 spread would call it noise)
+    paired = noise.compare({0: 3.0, 1: 3.5}, {0: 3.1, 1: 3.64})
+    assert paired["gaps"] == [0.1, 0.14] and paired["margin"] == 0.12
+    assert paired["noise"] == 0.04 and paired["noise_from"] == "paired"
+    assert paired["better"] and paired["beyond_noise"] and paired["ratio"] == 3.0
+    # like for like: only seed 0 is common; the two-seed mean of b (2.355) would flip the sign
+    one = noise.compare({0: 2.40}, {0: 2.41, 1: 2.30}, ref=0.02)
+    assert one["seeds"] == [0] and one["margin"] == 0.01 and one["better"] is True
+    assert one["noise"] == 0.02 and one["noise_from"] == "reference"
+    assert one["beyond_noise"] is False and noise.verdict(one) == "better, within noise"
+    # beyond means more than twice: a margin of exactly 2 x the reference is not
+    assert noise.compare({0: 1.0}, {0: 1.5}, ref=0.25)["beyond_noise"] is False
+    assert noise.compare({0: 1.0}, {0: 1.5}, ref=0.24)["beyond_noise"] is True
+    assert noise.compare({0: 1.0}, {0: 1.5})["beyond_noise"] is None      # nothing to judge by
+    assert noise.verdict(noise.compare({0: 1.0}, {1: 1.5})) == "untested (no common seed)"
+    assert noise.compare({0: 2.0}, {0: 1.0}, ref=0.1, higher_is_better=True)["margin"] == 1.0
+    assert noise.reference({"a": {0: 1.0, 1: 1.3}, "b": {0: 2.0, 1: 2.1}, "c": {0: 9.0}}) \
+        == pytest.approx(0.3)
+
+
+def lm_result() -> dict:
+    """lm_claims' runs with hand-picked final losses (curves of two evaluations)."""
+    def run(final, seed=0, model="switch_lm_cpu_8", flags=(), baseline="dense", drops=None,
+            finished=True):
+        return summary([100, 200], [final + 0.5, final], seed, model, baseline, flags,
+                       finished, dropped_fraction_train=drops)
+    top2, cf1 = ("--config.moe.top_k=2",), ("--config.moe.train_capacity_factor=1.0",)
+    runs = {
+        "dense": run(4.60, model="dense_lm_cpu"),
+        "dense_s1": run(4.62, seed=1, model="dense_lm_cpu", baseline="dense_s1"),
+        "switch_8": run(4.50, drops=[0.02, 0.03]),
+        "switch_8_s1": run(4.54, seed=1, baseline="dense_s1", drops=[0.03, 0.03]),
+        # one seed: like for like it is 0.03 ahead of switch_8's seed 0 (4.50), though behind
+        # switch_8's two-seed mean (4.52) by less
+        "switch_16": run(4.47, model="switch_lm_cpu_16"),
+        "switch_32": run(4.46, model="switch_lm_cpu_32"),
+        "dense_wide": run(4.48, model="dense_lm_cpu_wide"),
+        "top2_8": run(4.45, flags=top2, drops=[0.341, 0.349]),
+        "top2_8_cf1.0": run(4.49, flags=top2 + cf1, drops=[0.47, 0.48]),
+        "switch_8_cf1.0": run(4.44, flags=cf1, drops=[0.08, 0.09], finished=False),
+    }
+    result = {"runs": runs, "steps": 200}
+    verdicts.against_baselines(runs)
+    return result
+
+
+def test_lm_claims_judge_every_comparison_by_the_one_rule():
+    c = lm_claims.claims(lm_result())
+    assert c["reference_spread"] == pytest.approx(0.04)         # switch_8's 0.04 > dense's 0.02
+    head = c["switch_8_beyond_noise"]
+    assert head["seeds"] == [0, 1] and head["gaps"] == [0.1, 0.08]
+    assert head["margin"] == 0.09 and head["noise"] == 0.02 and head["noise_from"] == "paired"
+    assert head["holds"] is True                                 # 0.09 > 2 x 0.02
+    # dense's 4.60 from 5.0 at step 100: 100 + 0.4 / 0.5 x 100 = 180 of 200; dense_s1's 4.62
+    # from 5.04: 100 + 0.42 / 0.5 x 100 = 184
+    assert c["switch_8_speedup"]["fraction_of_dense_steps"] == [0.9, 0.92]
+    assert c["switch_8_speedup"]["holds"] is False
+    dense_8, eight_16, sixteen_32 = c["more_experts_help"]["steps"]
+    assert dense_8["seeds"] == [0, 1] and dense_8["beyond_noise"] is True
+    assert eight_16["seeds"] == [0] and eight_16["margin"] == 0.03       # seed 0 against seed 0
+    assert eight_16["noise_from"] == "reference" and eight_16["beyond_noise"] is False
+    assert sixteen_32["margin"] == 0.01 and c["more_experts_help"]["holds"] is True
+    wide = c["dense_upper_bound"]["against_dense_wide"]
+    assert wide["switch_16"]["margin"] == 0.01 and wide["switch_16"]["better"] is True
+    assert wide["switch_8"]["margin"] == -0.02 and wide["switch_8"]["beyond_noise"] is False
+    top2 = c["top1_beats_top2"]["by_capacity"]
+    assert list(top2) == ["1.25"]                         # switch_8_cf1.0 has not finished
+    assert top2["1.25"]["margin"] == -0.05 and top2["1.25"]["verdict"] == "worse, within noise"
+    assert top2["1.25"]["dropped_fraction_train"] == {"top2_8": [0.341, 0.349],
+                                                      "switch_8": [0.02, 0.03]}
+
+
+def test_rejudge_recomputes_the_verdicts_of_the_script_that_wrote_the_result():
+    old = {**lm_result(), "command": "python experiments/span_claims.py --out runs/span",
+           "claims": {"switch_8_beyond_noise": {"holds": False, "seed_spread": 0.04}}}
+    new = rejudge.rejudge(old)
+    assert new["claims"] == lm_claims.claims(old) and new["runs"] is old["runs"]
+    assert new["claims"]["switch_8_beyond_noise"]["holds"] is True
+    with pytest.raises(SystemExit, match="written by switch_vs_dense.py"):
+        rejudge.rejudge({**old, "command": "python experiments/switch_vs_dense.py --out x"})
+
+
+def test_routing_family_findings_from_hand_worked_curves():
+    runs = {
+        "dense": summary([100, 200], [4.0, 3.5], model="t5_cpu", baseline=None),
+        "top1": summary([100, 200], [3.9, 3.4], model="switch_cpu_8", baseline="dense",
+                        dropped_fraction_train=[0.01, 0.02]),
+        "top2": summary([100, 200], [3.95, 3.45], model="switch_cpu_8", baseline="top1",
+                        flags=["--config.moe.top_k=2"], dropped_fraction_train=[0.3, 0.35]),
+        "dense_cont": summary([50, 100], [3.6, 3.4], model="t5_cpu", baseline=None),
+        # upcycled: 3.5 then 3.3, so it reaches dense_cont's 3.4 halfway: step 75
+        "upcycled": summary([50, 100], [3.5, 3.3], model="switch_cpu_8", baseline="dense_cont"),
+        "student": summary([100, 200], [3.6, 3.45], model="t5_cpu", baseline="dense"),
+    }
+    verdicts.against_baselines(runs)
+    f = routing_family.findings({"runs": runs, "steps": 200})
+    assert f["dense_loss_at_half"] == 4.0                       # dense at step 100
+    assert f["top2_minus_top1"] == pytest.approx(0.05)
+    assert f["top2_vs_top1"] == "worse, no noise estimate"      # one seed, no spread measured
+    assert f["dropped_fraction_train"] == {"top1": [0.01, 0.02], "top2": [0.3, 0.35]}
+    assert f["upcycled_minus_dense_cont"] == [-0.1, -0.1]
+    assert f["upcycled_steps_to_dense_cont_final"] == 75
+    assert f["teacher_gain"] == pytest.approx(0.1)
+    assert f["student_gain"] == pytest.approx(0.05)
+    assert f["student_share_of_teacher_gain"] == pytest.approx(0.5)
+
+
+def test_a_result_goes_beside_its_runs_and_replaces_the_published_one_only_when_asked(tmp_path):
+    docs, out = tmp_path / "docs", tmp_path / "runs"
+    (docs / "figures").mkdir(parents=True)
+    published = docs / "study.json"
+    published.write_text('{"the": "published result"}')
+    result = {"study": "study", "runs": {"dense": {}}}
+    lines = []
+
+    def plot(res, path):
+        path.write_bytes(b"png")
+    path = harness.write(result, out, plot, docs=docs, log=lines.append)
+    assert path == out / "study.json" and (out / "figures" / "study.png").read_bytes() == b"png"
+    assert published.read_text() == '{"the": "published result"}'
+    assert "--publish replaces it" in lines[-1]
+    with pytest.raises(SystemExit, match=r"study\.json is a published result; pass --publish"):
+        harness.write(result, out, docs=docs, path=published)
+    assert published.read_text() == '{"the": "published result"}'
+    assert harness.write(result, out, plot, publish=True, docs=docs, log=lines.append) == published
+    assert json.loads(published.read_text()) == result
+    assert (docs / "figures" / "study.png").is_file()
