@@ -19,14 +19,15 @@ def parts(case: dict) -> dict:
     return {k: v for k, v in case.items() if isinstance(v, dict) and "status" in v}
 
 
-# Every kind of case once: the other train steps (Switch index and einsum, dropless 8 and 64)
-# run the dense case's code on other configs (and the index dispatch runs in switch_base_8 and
-# the profile), so the suite leaves them to `python bench/gpu.py --smoke` (~90 s more).
-KINDS = ("environment", "train_dense", "attention", "grouped_matmul", "peer", "switch_base_8",
-         "profile")
+# Every kind of case whose code no other test runs: the other train steps (Switch index and
+# einsum, dropless 8 and 64) run the dense case's code on other configs (and the index dispatch
+# runs in switch_base_8 and the profile); the peer case runs bench/peer.py's Pair, which
+# tests/test_bench_peer.py runs; grouped_matmul times the kernels tests/test_dropless.py checks.
+# The suite leaves those to `python bench/gpu.py --smoke` (~2 min more).
+KINDS = ("environment", "train_dense", "attention", "switch_base_8", "profile")
 
 
-@pytest.mark.timeout(1700)       # seven processes, each compiling; ~1 min on an idle 2-core CPU
+@pytest.mark.timeout(1700)       # five processes, each compiling; ~1 min on an idle 2-core CPU
 def test_smoke_runs_every_kind_of_case(tmp_path):
     proc = subprocess.run([sys.executable, "bench/gpu.py", "--smoke", "--out", str(tmp_path),
                            "--budget", "1500", "--only", ",".join(KINDS)],
@@ -50,11 +51,6 @@ def test_smoke_runs_every_kind_of_case(tmp_path):
             err = attention[impl]["max_abs_err"]
             assert set(err) == {"logits", "grads", "bias_grad"}
             assert err["logits"] < 0.1 * attention["config"]["max_abs_truth"]["logits"]
-    grouped = cases["grouped_matmul"]
-    for e in grouped["config"]["experts"]:       # XLA:CPU expands ragged_dot: E x the work
-        auto = grouped[f"experts_{e}_auto"]
-        assert auto["auto_picks"] == "blocks" and auto["ragged_dot_flops_over_real"] > e * 0.9
-        assert grouped[f"experts_{e}_ragged_dot"]["xla_over_real"] > e / 2
     for name in [n for n in cases if n.startswith("train_")] + ["switch_base_8"]:
         for key, part in parts(cases[name]).items():
             if part["status"] == "ok":
@@ -64,9 +60,6 @@ def test_smoke_runs_every_kind_of_case(tmp_path):
     assert 0.8 < dense["xla_over_hand"] < 1.25, dense       # the hand count is XLA's
     assert cases["switch_base_8"]["fits_without_remat"]
     assert cases["profile"]["top_scopes"] and cases["profile"]["step_ms"] > 0
-    peer = cases["peer"]
-    assert peer["logits_fp32"]["ok"], peer["logits_fp32"]
-    assert peer["train_bf16"]["transformers_tokens_per_s"] > 0
     assert r["summary"]["matmul_bf16_flops_per_s"] > 0
 
 

@@ -99,6 +99,7 @@ def test_beam_search(checkpoint):
     assert np.all(logprob(beam) >= logprob(greedy) - 1e-4)
 
 
+@pytest.mark.parametrize("checkpoint", ["tied_e4"], indirect=True)   # decoding options, not the model
 def test_eos_ends_a_sequence_and_sampling_is_seeded(checkpoint):
     _, ours, src, mask = checkpoint
     greedy = ours.generate(src, attention_mask=mask, max_new_tokens=8)

@@ -54,7 +54,7 @@ def assert_close(got, want, what):
     ("data:2,model:2,expert:2", "dp_mp_ep"),
     ("data:2,model:1,expert:4", "dp_ep"),
     ("data:1,model:1,expert:8", "expert_parallel"),
-    ("data:4,model:2,expert:1", "model_parallel"),
+    # (model_parallel's heads/d_ff/vocab:model is dp_mp_ep's without its expert axis)
     ("data:4,model:2", "2d"),
 ])
 def test_same_step_on_every_mesh(reference, mesh, preset):
