@@ -105,6 +105,17 @@ def test_a_damaged_workdir_file_is_named_with_what_to_do(copy, name, damage, mes
     assert snapshot(copy) == before
 
 
+def test_a_missing_tokenizer_is_not_silently_trained_anew(copy):
+    (copy / "tokenizer.model").unlink()
+    before = snapshot(copy)
+    message = r"tokenizer\.model is missing, but .* holds steps trained with it"
+    with pytest.raises(ValueError, match=message):
+        loop.train(config(steps=7), copy, print_fn=QUIET)
+    with pytest.raises(ValueError, match=message):
+        evaluate.run(evaluate.load_config(copy), copy, print_fn=QUIET)
+    assert snapshot(copy) == before                 # no new tokenizer.model
+
+
 @pytest.mark.parametrize("command, name, damage, message", [
     ("train.py", "tokenizer.model", lambda b: b"\0" * 64, "tokenizer.model is not a "
      "SentencePiece model"),

@@ -148,6 +148,11 @@ def load_or_train(cfg, workdir: str | os.PathLike | None, texts) -> Tokenizer:
                              f"config asks for {cfg.vocab_size}; set --config.data.vocab_size="
                              f"{tok.num_pieces} to resume, or use a new workdir")
         return tok
+    checkpoints = pathlib.Path(workdir) / "checkpoints"
+    if checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
+        raise ValueError(f"{path} is missing, but {checkpoints} holds steps trained with it (a "
+                         "new tokenizer would give other ids): restore it from a copy of the "
+                         "run, or start a new --workdir")
     proto = train(texts(), cfg.vocab_size)
     atomic.write_bytes(path, proto)
     return Tokenizer(proto, str(path))
