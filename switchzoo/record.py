@@ -19,9 +19,14 @@ import re
 import ml_collections
 
 from switchzoo.configs import base
+from switchzoo.state import global_batch_size
 
 CONFIG_FILE = "config.json"
 CHANGES = "changes"        # config.json: [{"step", "field", "old", "new"}], oldest first
+# config.json: the batch the run trained with, per_device_batch_size x the devices it ran on (a
+# resume on another number of devices changes it without changing any field; the same global
+# batch on other devices reads the same rows, so per_device_batch_size alone is then neutral).
+GLOBAL_BATCH = "global_batch_size"
 FIX = "restore it from a copy of the run, or start a new --workdir"
 # Fields a run cannot do without: today's defaults would silently stand in for them.
 REQUIRED = ("model", "task", "max_length", "data.source")
@@ -95,6 +100,7 @@ def read_config(workdir: pathlib.Path) -> dict:
     path = pathlib.Path(workdir) / CONFIG_FILE
     saved = read_json(path)
     saved.pop(CHANGES, None)
+    saved.pop(GLOBAL_BATCH, None)
     defaults = base.get_base()
     for field, value in flatten(saved).items():
         *parents, leaf = field.split(".")
@@ -148,6 +154,11 @@ def changed(workdir: pathlib.Path, config) -> tuple[list, list]:
     saved = flatten(read_config(workdir))
     new = flatten(config.to_dict())
     training, neutral = [], []
+    trained_batch = read_json(pathlib.Path(workdir) / CONFIG_FILE).get(GLOBAL_BATCH)
+    if trained_batch is not None:             # runs since this field: the global batch decides
+        if trained_batch != global_batch_size(config):
+            training.append((GLOBAL_BATCH, trained_batch, global_batch_size(config)))
+        saved.pop("per_device_batch_size", None)
     for field in sorted(saved.keys() & new.keys()):
         old, value = saved[field], new[field]
         if old == value:
@@ -188,6 +199,7 @@ def config_text(workdir: pathlib.Path, config, start: int) -> str:
                     for f, old, new in changed(workdir, config)[0]]
     out = json.loads(config.to_json_best_effort())
     out["allow_changes"], out["restore_step"] = False, None
+    out[GLOBAL_BATCH] = global_batch_size(config)
     if changes:
         out[CHANGES] = changes
     return json.dumps(out, indent=2, sort_keys=True) + "\n"

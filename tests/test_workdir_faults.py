@@ -228,3 +228,21 @@ def test_evaluation_on_other_data_keeps_the_runs_own_results(copy, tmp_path):
         "run's own stay in results.json)" in lines
     # the paper tables read the run's own
     assert tables.load_run(copy)["results"] == json.loads(own)
+
+
+def test_a_resume_on_other_devices_is_judged_by_its_global_batch(copy):
+    """config.json records per_device_batch_size x devices. The run was trained on this
+    process's 8 devices with 1 row each; its record is edited as if trained elsewhere."""
+    saved = json.loads((copy / "config.json").read_text())
+    assert saved["global_batch_size"] == 8
+    # trained on 4 devices x 2 rows: 8 devices x 1 row read the same 8 rows, accepted
+    (copy / "config.json").write_text(json.dumps({**saved, "per_device_batch_size": 2}))
+    assert record.changed(copy, config(steps=7))[0] == []
+    # trained on 4 devices x 1 row: 8 devices x 1 row is another batch, refused
+    (copy / "config.json").write_text(json.dumps({**saved, "global_batch_size": 4}))
+    before = snapshot(copy)
+    with pytest.raises(ValueError, match=r"trained to step 6 with other settings: "
+                                         r"global_batch_size 4 -> 8; these change what is "
+                                         r"trained"):
+        loop.train(config(steps=7), copy, print_fn=QUIET)
+    assert snapshot(copy) == before
