@@ -29,7 +29,7 @@ import pathlib
 import statistics
 import sys
 
-from switchzoo import noise, registry, scores
+from switchzoo import noise, record, registry, scores
 
 TABLES = "switchzoo.configs.tables"          # the tables package (configs/tables/ in a clone)
 _REQUIRED = ("title", "source", "metric", "columns", "rows", "command")
@@ -136,16 +136,6 @@ def _step(run: dict) -> int:
     return run["results"].get("step") or 0
 
 
-def _flatten(config: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _vocabulary(run: dict):
     """What identifies a run's vocabulary: the sha1 of its SentencePiece model (data.vocab_path,
     else the workdir's tokenizer.model), else the path it names (None: neither)."""
@@ -160,7 +150,7 @@ def _vocabulary(run: dict):
 def _setup(run: dict) -> dict:
     """The run's config without its seed and bookkeeping, moe.* resolved to what ran, numbers
     as floats (1 and 1.0 are one capacity factor): runs with equal setups differ only by seed."""
-    flat = _flatten(run["config"])
+    flat = record.flatten(run["config"])
     for key in [k for k in flat if k.startswith("moe.")]:
         flat[key] = _lookup(run["config"], key)
     for key in BOOKKEEPING + (SEED,):

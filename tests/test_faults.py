@@ -9,6 +9,7 @@ committed checkpoint, a line on stderr); WAIT only keeps a broken run from hangi
 Mounting needs root (CI runs as root): where it is refused, the full-disk test is skipped (no
 other way to fill a real filesystem) and the read-only test uses ``chmod a-w`` instead, which
 a user other than root cannot write through."""
+import contextlib
 import json
 import os
 import pathlib
@@ -146,6 +147,20 @@ def mount(*argv) -> bool:
     return os.geteuid() == 0 and subprocess.run(["mount", *argv], capture_output=True).returncode == 0
 
 
+@contextlib.contextmanager
+def small_disk(tmp_path, size: str):
+    """A real tmpfs of ``size`` at tmp_path/disk while the block runs (skipped where mounting
+    is refused: not root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if not mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)):
+        pytest.skip("mounting a tmpfs is refused here (not root): no real disk to fill")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
 def fill(directory, leave: int) -> pathlib.Path:
     """A filler file that leaves ``leave`` bytes free on ``directory``'s filesystem."""
     stat = os.statvfs(directory)
@@ -155,11 +170,7 @@ def fill(directory, leave: int) -> pathlib.Path:
 
 
 def test_a_full_disk_stops_in_one_line_keeps_the_checkpoint_and_resumes(trained, tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if not mount("-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)):
-        pytest.skip("mounting a tmpfs is refused here (not root): no real disk to fill")
-    try:
+    with small_disk(tmp_path, "24m") as disk:
         workdir = disk / "run"
         shutil.copytree(trained, workdir, ignore=shutil.ignore_patterns("2", "results.json"))
         (disk / "no-catalogues").mkdir()
@@ -190,17 +201,11 @@ def test_a_full_disk_stops_in_one_line_keeps_the_checkpoint_and_resumes(trained,
         assert line.startswith("error: no space left on device writing "), line
         assert (workdir / "config.json").read_bytes() == config
         assert not [p for p in workdir.iterdir() if p.name.endswith(".tmp")]
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_metrics_lines_are_whole_or_absent_on_a_full_disk(tmp_path):
     from switchzoo import atomic, workdir
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if not mount("-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)):
-        pytest.skip("mounting a tmpfs is refused here (not root): no real disk to fill")
-    try:
+    with small_disk(tmp_path, "64k") as disk:
         path = disk / "metrics.jsonl"
         line = json.dumps({"step": 1, "pad": "x" * 3000}) + "\n"
         with pytest.raises(workdir.NoSpace, match="no space left on device writing .*metrics"):
@@ -208,8 +213,6 @@ def test_metrics_lines_are_whole_or_absent_on_a_full_disk(tmp_path):
                 atomic.append(path, line)
         assert path.read_text().count("\n") == len(path.read_text()) // len(line)
         assert path.stat().st_size % len(line) == 0
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_a_read_only_run_is_evaluated_with_output_and_never_trained(trained, tmp_path):
