@@ -46,6 +46,9 @@ def get_base() -> ml_collections.ConfigDict:
     c.attention = "auto"                  # auto | reference | xla | cudnn (auto: cuDNN's
                                           # fused kernel on a GPU in bfloat16, else reference)
     c.shard_optimizer_over_data = False   # weight-update sharding (arXiv 2004.13336)
+    c.pipeline_microbatches = 0           # with 'layers:stage' in the layout: micro-batches per
+                                          # step (0: one per stage; switchzoo/pipeline.py)
+    c.pipeline_repeats = 1                # rounds of a circular pipeline schedule (1: GPipe)
     c.init_scale = config_dict.placeholder(float)   # init of the weight matrices the run makes
     c.init_distribution = config_dict.placeholder(str)  # (None: the model's; Switch: 0.1,
                                                         # truncated_normal); init_from's load

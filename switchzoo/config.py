@@ -192,6 +192,10 @@ class ModelConfig:
     # attention: one of ATTENTION; "auto" is cuDNN's fused kernel on a GPU with bfloat16/float16
     # activations, else the reference einsums (layers.attention_impl says which and why).
     attention: str = "auto"
+    # Pipelining (switchzoo/pipeline.py), where the layout splits 'layers' over a stage axis:
+    # micro-batches per step (0: as many as stages) and rounds of a circular schedule (1: GPipe).
+    pipeline_microbatches: int = 0
+    pipeline_repeats: int = 1
 
     def __post_init__(self):
         if self.activation not in ("relu", "gated-gelu"):
@@ -204,6 +208,10 @@ class ModelConfig:
         if self.remat not in REMAT:
             raise ValueError(f"remat={self.remat!r} is not a rematerialisation policy; use one "
                              f"of {', '.join(REMAT)}")
+        if self.pipeline_microbatches < 0 or self.pipeline_repeats < 1:
+            raise ValueError(f"pipeline_microbatches={self.pipeline_microbatches} / "
+                             f"pipeline_repeats={self.pipeline_repeats}: use micro-batches >= 0 "
+                             "(0: one per stage) and repeats >= 1 (1: GPipe)")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention={self.attention!r} is not an attention implementation; "
                              f"use one of {', '.join(ATTENTION)}")

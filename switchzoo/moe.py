@@ -179,9 +179,8 @@ class SwitchFFN(nnx.Module):
 
     def _balance(self, balance) -> dict:
         """eq. 4's sums (routing.Balance) as stats, for the stack to pool over its layers
-        (BALANCE_STATS); only the "pooled" loss reduction reads them."""
-        if self.cfg.loss_reduction != "pooled":
-            return {}
+        (BALANCE_STATS): the "pooled" loss reduction reads them, and a pipeline recomputes
+        eq. 4 from them over its micro-batches; transformer._stack drops them otherwise."""
         return dict(zip(BALANCE_STATS, balance))
 
     def _dropless_runs(self, x_shape) -> bool:

@@ -37,6 +37,7 @@ REQUIRED = ("model", "task", "max_length", "data.source")
 NEUTRAL = frozenset((
     "num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
     "keep_checkpoints", "layout", "mesh", "shard_optimizer_over_data", "scan_layers", "remat",
+    "pipeline_microbatches", "pipeline_repeats",
     "attention", "loss_chunk", "moe.grouped_matmul", "moe.block_size",
     "moe.eval_capacity_factor", "data.prefetch", "data.tfds_data_dir", "data.max_eval_examples",
     "data.eval_split", "allow_changes", "restore_step",

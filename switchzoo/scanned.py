@@ -26,6 +26,11 @@ def _stacks(cfg: ModelConfig) -> dict[str, tuple[int, bool]]:
     return out
 
 
+def groups(cfg: ModelConfig) -> dict[str, int]:
+    """{stack: its scanned layer groups} (what a pipeline splits over its stages)."""
+    return {name: n // scan_period(cfg, n, encoder) for name, (n, encoder) in _stacks(cfg).items()}
+
+
 def stack_layers(params: dict, cfg: ModelConfig) -> dict:
     """Unrolled parameters (``decoder/layers/3/ffn/wi``, a pure dict as in a checkpoint) ->
     scanned (``decoder/scanned/1/ffn/wi`` [layers, ...]); stacks already scanned are kept."""

@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from switchzoo import layout as layout_lib
-from switchzoo import transformer, zoo
+from switchzoo import pipeline, scanned, transformer, zoo
 from switchzoo.config import ModelConfig
 # The optimizers live in switchzoo.optim; re-exported, as the set-up and its callers use them.
 from switchzoo.optim import (BATCH_DIMS, SCHEDULES, batch_dims, bias_update,  # noqa: F401
@@ -183,6 +183,7 @@ def setup(model: str | ModelConfig, layout: str | layout_lib.Layout | None = "da
     if not isinstance(layout, layout_lib.Layout):
         layout = make_layout(layout, mesh, devices)
     tx = make_optimizer(optimizer) if isinstance(optimizer, str) else optimizer
+    pipeline.check(layout, cfg, scanned.groups(cfg))
     graphdef, params, dims = abstract_model(cfg, seed)
     if tx is None:
         abstract = params
@@ -275,7 +276,9 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
     init = {k: config[k] for k in ("init_scale", "init_distribution") if config[k] is not None}
     return cfg.replace(dtype=config.dtype, dropout=config.dropout,
                        scan_layers=config.scan_layers, remat=config.remat,
-                       attention=config.attention, **init)
+                       attention=config.attention,
+                       pipeline_microbatches=config.pipeline_microbatches,
+                       pipeline_repeats=config.pipeline_repeats, **init)
 
 
 def run_optimizer(config) -> optax.GradientTransformation:

@@ -15,10 +15,11 @@ from flax import nnx
 
 from switchzoo import config as config_lib
 from switchzoo import dims as dims_lib
+from switchzoo import pipeline
 from switchzoo.config import ModelConfig
 from switchzoo.layers import (MINIMAL_SAVED, Attention, Embed, Init, Mlp, RelativePositionBias,
                               RMSNorm, attention_impl, dropout, split)
-from switchzoo.layout import constrain
+from switchzoo.layout import active, constrain
 from switchzoo.moe import BALANCE_STATS, SwitchFFN
 from switchzoo.routing import Balance, pooled_aux_loss
 from switchzoo.scanned import (layers_as, scan_period,  # noqa: F401 (re-exported)
@@ -49,7 +50,7 @@ def _remat(module: nnx.Module, policy):
 
 def _stacked(modules: list[nnx.Module]) -> nnx.Module:
     """One module of the same structure whose every parameter is the modules' stacked along a
-    leading 'layers' dim (never sharded by a layout: each device holds every layer's slice)."""
+    leading 'layers' dim (split over a stage axis by pipelining, else whole on every device)."""
     def stack(*variables):
         meta = variables[0].get_metadata()
         dims = dims_lib.check(("layers",) + tuple(meta["dims"]), "stacked parameter")
@@ -189,27 +190,42 @@ class Stack(nnx.Module):
         return x_BTD, stats, cache
 
     def _scan(self, x_BTD, shared, valid_BT, keys):
-        """A lax.scan over the groups of ``period`` layers, each group one (rematerialised) body.
-        The stats come back in layer order: {name: [sparse layers, ...]}."""
+        """A lax.scan over the groups of ``period`` layers, each group one (rematerialised)
+        body; with a stage axis in the layout, the groups pipelined over it
+        (switchzoo/pipeline.py). The stats come back in layer order: {name: [sparse layers,
+        ...]}."""
         graphdef, params = nnx.split(self.scanned)
         groups = self.num_layers // self.period
         group_keys = (None if keys is None                  # typed keys, or raw [n, 2]
                       else keys.reshape((groups, self.period) + keys.shape[1:]))
-
-        def group(x_BTD, xs):
-            params, keys = xs
-            stats = []
-            for j, layer in enumerate(nnx.merge(graphdef, params)):
-                x_BTD, s, _ = layer(x_BTD, *shared, None if keys is None else keys[j],
-                                    valid_BT)
-                if s:
-                    stats.append(s)
-            return x_BTD, stats
-
+        bias_BHTS, *rows = shared                          # rows: per batch row
+        rows = (*rows, valid_BT)
         policy = REMAT_POLICIES[self.cfg.remat]
-        if policy is not None:
-            group = jax.checkpoint(group, policy=policy, prevent_cse=False)
-        x_BTD, stats = jax.lax.scan(group, x_BTD, (params, group_keys))
+
+        def run(x_BTD, rows, bias_BHTS, params, keys):
+            """Consecutive groups over x (their parameters stacked on the leading dim)."""
+            mask_BTS, enc_BSD, cross_mask_BTS, valid_BT = rows
+
+            def group(x_BTD, xs):
+                params, keys = xs
+                stats = []
+                for j, layer in enumerate(nnx.merge(graphdef, params)):
+                    x_BTD, s, _ = layer(x_BTD, bias_BHTS, mask_BTS, enc_BSD, cross_mask_BTS,
+                                        None if keys is None else keys[j], valid_BT)
+                    if s:
+                        stats.append(s)
+                return x_BTD, stats
+
+            if policy is not None:
+                group = jax.checkpoint(group, policy=policy, prevent_cse=False)
+            return jax.lax.scan(group, x_BTD, (params, keys))
+
+        plan = pipeline.plan(active(), self.cfg)
+        if plan is None:
+            x_BTD, stats = run(x_BTD, rows, bias_BHTS, params, group_keys)
+        else:
+            x_BTD, stats = pipeline.run(plan, active(), run, x_BTD, rows, bias_BHTS, params,
+                                        group_keys)
         if not stats:
             return x_BTD, []
         # [groups, sparse per group, ...] -> [sparse layers, ...]: layer g * period + j in order.
@@ -377,8 +393,9 @@ def _stack(stacks: list[list[dict]], reduction: str = "sum") -> dict:
     if not joined:
         zero = jnp.zeros((), jnp.float32)
         return {"aux_loss": zero, "z_loss": zero}
+    balance = [Balance(*(s.pop(k) for k in BALANCE_STATS)) for s in joined]  # eq. 4's sums
     if reduction == "pooled":
-        aux = sum(pooled_aux_loss(Balance(*(s.pop(k) for k in BALANCE_STATS))) for s in joined)
+        aux = sum(pooled_aux_loss(b) for b in balance)
         z = sum(jnp.mean(s["z_loss"]) for s in joined)
     out = {k: jnp.concatenate([s[k] for s in joined]) for k in joined[0]}
     if reduction == "pooled":

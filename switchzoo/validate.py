@@ -14,6 +14,7 @@ import re
 
 from switchzoo.config import (ATTENTION, BALANCE, INIT_DISTRIBUTIONS, LOSS_REDUCTIONS, REMAT,
                               ROUTERS)
+from switchzoo import layout as layout_lib
 from switchzoo.configs import base
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +86,8 @@ RANGES = {
     "moe.bias_rate": at_least(0),
     "distill.weight": Range(0, 1),
     "moe.num_shared_experts": at_least(0),
+    "pipeline_microbatches": at_least(0, " (0: one per stage)"),
+    "pipeline_repeats": at_least(1, " (1: GPipe)"),
 }
 CHOICES = {
     "task": ("translation", "lm", "span_corruption"),
@@ -101,8 +104,19 @@ CHOICES = {
     "schedule": SCHEDULES,
     "init_distribution": INIT_DISTRIBUTIONS,
 }
+
+
+def _pipelined(config) -> bool:
+    """Whether the run's layout splits 'layers' over a mesh axis (a pipeline)."""
+    try:
+        text = layout_lib.layout_string(config.layout)
+    except layout_lib.LayoutError:
+        return False                      # run_layout refuses it in its own words
+    return any(e.strip().startswith("layers:") for e in text.split(","))
+
+
 # field: (reads it?, who reads it) -- a field set away from its default where nothing reads it
-# is refused. Evaluation reads data.eval_files whatever the source (switchzoo.evaluate).
+# is refused.
 _SOURCES = {"train_files": ("files",), "eval_files": ("files",), "tfds_name": ("tfds",),
             "tfds_data_dir": ("tfds",), "train_split": ("tfds",), "eval_split": ("tfds",),
             "pair": ("embedded", "tfds"), "embedded_max_pairs": ("embedded",),
@@ -123,6 +137,8 @@ READERS = {
                               "moe.router=experts_choose"),
     "moe.aux_loss_weight": (lambda c: c.moe.balance != "bias",
                             "moe.balance=aux_loss (bias balancing trains without it)"),
+    **{k: (_pipelined, "a layout with 'layers:stage' (and stage:N in the mesh)")
+       for k in ("pipeline_microbatches", "pipeline_repeats")},
     **{f"eval.{k}": (lambda c: c.task == "translation", "task=translation (BLEU decoding)")
        for k in ("num_beams", "length_penalty", "max_decode_length", "max_examples")},
 }
@@ -133,6 +149,11 @@ def get(config, dotted: str):
     for part in dotted.split("."):
         node = node[part]
     return node
+
+
+# Evaluation reads data.eval_files whatever the source; it may evaluate a pipelined run on a
+# mesh without a stage axis (the run's pipeline fields then rest unread).
+EVAL_MAY_SET = ("data.eval_files", "pipeline_microbatches", "pipeline_repeats")
 
 
 def check(config, evaluating: bool = False) -> None:
@@ -157,7 +178,7 @@ def unread(config, evaluating: bool = False) -> list[str]:
     """The fields of READERS set away from their defaults where this run does not read them."""
     defaults = base.get_base()
     return [field for field, (reads, _) in READERS.items()
-            if not (evaluating and field == "data.eval_files")
+            if not (evaluating and field in EVAL_MAY_SET)
             and get(config, field) != get(defaults, field) and not reads(config)]
 
 

@@ -1,0 +1,237 @@
+"""Pipeline parallelism: a scanned stack's layers split over a mesh's stage axis
+(``layers:stage`` in a layout string), micro-batches flowing through the stages.
+
+GPipe (Huang et al. 2019) by default: stage s holds a contiguous block of the stack's layer
+groups (the contiguous split GSPMD gives the 'layers' dim of the stacked parameters), the batch
+is cut into M micro-batches, and in iteration t stage s runs micro-batch t - s. Everything runs
+under the step's one jax.jit: the S stages are a jax.vmap over a stage-sharded leading axis
+(``spmd_axis_name``, so each device computes its own stage) and the hand-over between
+neighbouring stages is a jnp.roll of that axis, which GSPMD compiles to a collective-permute.
+Autodiff of the loop gives the backward pipeline (in reverse), and each layer group keeps its
+remat policy, so a stage holds one group input per micro-batch in flight.
+
+With ``repeats`` R > 1 the schedule is circular (MaxText's num_pipeline_repeats; Narayanan et
+al. 2021's interleaving): the layers are cut into R x S blocks, block r*S + s runs on stage s in
+round r, and a micro-batch leaving the last stage re-enters the first for the next round.
+Each device then holds R non-adjacent blocks and the bubble shrinks from (S-1)/(M+S-1) to
+(S-1)/(RM+S-1). The stored parameters keep the model's own layer order (checkpoints are the
+same tree whatever the mesh), so for R > 1 the step re-lays each stacked parameter into
+round-major blocks: one all-to-all of the stack's parameters over the stage axis per step, and
+of their gradients back.
+
+An encoder-decoder pipelines each stack in turn over the same stages: the encoder's micro-batches
+flow through, its output is reassembled and normed as in an unpipelined step, and the decoder's
+pipeline gives each stage the encoder output of the micro-batch it is running (every decoder
+layer's cross-attention reads it), so the encoder output reaches every stage once per step.
+
+Micro-batch m holds batch rows m, m + M, m + 2M, ... (strided, as gradient accumulation's), so
+each has rows on every device that holds the batch and cutting the batch moves no data. Routing
+groups are formed within a micro-batch: a Switch layer routes as the unpipelined step does
+where moe.group_size divides the sequence length (or is 0: a group per sequence), and its
+losses and metrics are combined over the micro-batches exactly (eq. 4 from the per-group sums,
+means weighted by routed tokens); where groups span rows, they are other groups of the same
+size.
+Dropout draws its masks per micro-batch, so with dropout the pipelined and unpipelined steps are
+the same model with other masks.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from switchzoo.moe import BALANCE_STATS
+from switchzoo.routing import Balance, switch_aux_loss
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    axis: str               # the mesh axis the 'layers' dim is split over
+    stages: int
+    microbatches: int
+    repeats: int
+
+    @property
+    def iterations(self) -> int:
+        return self.repeats * self.microbatches + self.stages - 1
+
+    @property
+    def bubble(self) -> float:
+        """The schedule's idle fraction of each stage: (S-1) / (RM + S-1)."""
+        return (self.stages - 1) / self.iterations
+
+
+def stage_axis(layout) -> str | None:
+    """The mesh axis a layout splits the 'layers' dim over (None: not pipelined)."""
+    if layout is None or layout.parts("layers") == 1:
+        return None
+    axes = layout.rules.get("layers", ())
+    if len(axes) != 1:
+        raise ValueError(f"layout {layout.text!r} splits 'layers' over {'+'.join(axes)}; "
+                         "pipeline over one mesh axis, e.g. 'layers:stage'")
+    return axes[0]
+
+
+def plan(layout, cfg) -> Plan | None:
+    """The pipeline ``layout`` and ``cfg`` ask for, or None (no stage axis)."""
+    axis = stage_axis(layout)
+    if axis is None:
+        return None
+    stages = layout.mesh.shape[axis]
+    return Plan(axis, stages, cfg.pipeline_microbatches or stages, cfg.pipeline_repeats)
+
+
+def check(layout, cfg, stack_groups: dict[str, int], batch: int | None = None) -> Plan | None:
+    """Refuses, in one line each, a pipeline the model or batch cannot run: layers not scanned,
+    a stack whose layer groups do not divide into stages x repeats, a batch that does not divide
+    into micro-batches, a circular schedule with fewer micro-batches than stages, an axis that
+    other dims use too. ``stack_groups``: {stack name: its layer groups}. Without a stage axis
+    the pipeline fields are not read (switchzoo.validate refuses them in a run config)."""
+    p = plan(layout, cfg)
+    if p is None:
+        return None
+    if not cfg.scan_layers:
+        raise ValueError(f"the layout splits 'layers' over '{p.axis}' but the layers are not "
+                         "scanned; set --config.scan_layers=true to pipeline")
+    others = [d for d, axes in layout.rules.items() if d != "layers" and p.axis in axes]
+    if others:
+        raise ValueError(f"the layout splits both 'layers' and {others[0]!r} over "
+                         f"'{p.axis}'; keep the stage axis for 'layers' alone")
+    blocks = p.stages * p.repeats
+    for name, groups in stack_groups.items():
+        if groups % blocks:
+            raise ValueError(f"the {name} has {groups} scanned layer groups, not divisible by "
+                             f"{p.stages} stages x {p.repeats} repeats; choose stages x "
+                             f"pipeline_repeats dividing {groups}")
+    if p.repeats > 1 and p.microbatches < p.stages:
+        raise ValueError(f"a circular pipeline (pipeline_repeats={p.repeats}) needs at least "
+                         f"as many micro-batches as stages ({p.stages}); set "
+                         f"--config.pipeline_microbatches >= {p.stages}")
+    if batch is not None and batch % p.microbatches:
+        raise ValueError(f"the batch of {batch} rows does not divide into "
+                         f"{p.microbatches} pipeline micro-batches; choose "
+                         "pipeline_microbatches dividing the global batch")
+    return p
+
+
+def schedule(p: Plan) -> dict[str, np.ndarray]:
+    """Per iteration t (static): each stage's micro-batch and round, and the micro-batch stage 0
+    takes."""
+    S, M, R = p.stages, p.microbatches, p.repeats
+    t = np.arange(p.iterations)
+    k_TS = t[:, None] - np.arange(S)[None, :]          # micro-batch steps since stage s began
+    return {"m_TS": k_TS % M, "r_TS": np.clip(k_TS // M, 0, R - 1), "first": t % M}
+
+
+def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
+    """``body(x_bTD, rows_b, shared, params_L, keys_L) -> (x_bTD, stats)`` runs L consecutive
+    layer groups (a lax.scan over ``params``' leading dim, stats as its ys: a list of {name:
+    [L, ...]}); ``rows`` are per batch row, ``shared`` the same for every row. Runs all G groups
+    over the stage axis; returns (x_BTD, stats as {name: [G, ...]}) as one unpipelined ``body``
+    over every group would."""
+    S, M, R = p.stages, p.microbatches, p.repeats
+    B = x_BTD.shape[0]
+    if B % M:
+        raise ValueError(f"the batch of {B} rows does not divide into {M} pipeline "
+                         "micro-batches; choose pipeline_microbatches dividing it")
+    mb = B // M
+    mesh = layout.mesh
+
+    def on_stage(a, dim):       # stage-sharded at ``dim``, the other dims left to GSPMD
+        spec = [P.UNCONSTRAINED] * a.ndim
+        spec[dim] = p.axis
+        return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P(*spec)))
+
+    def blocks(a):              # [G, ...] -> [S, R, L, ...]: block r*S + s at [s, r]
+        a = on_stage(a.reshape((R, S, -1) + a.shape[1:]), 1)
+        return jnp.swapaxes(a, 0, 1)
+
+    # Micro-batch m holds rows m, m + M, ... (as steps.micro_batches): every micro-batch has
+    # rows on every device holding the batch, so splitting and joining move no data.
+    split = lambda a: jnp.swapaxes(a.reshape((mb, M) + a.shape[1:]), 0, 1)
+    params_SRL = jax.tree.map(blocks, params)
+    keys_SRL = None if keys is None else blocks(keys)
+    # A copy per stage: its gradient (the relative-position bias's) adds up on each stage and
+    # is summed over the stages once, after the loop, not in every iteration.
+    shared_S = jax.tree.map(lambda a: on_stage(jnp.broadcast_to(a, (S,) + a.shape), 0), shared)
+    sched = schedule(p)
+    # What stage 0 takes in iteration t: micro-batch t mod M, fresh while t < M (else, in a
+    # circular schedule, from the last stage M - S + 1 iterations before; else a bubble).
+    # Its rows (masks, encoder output) travel through the stages with it.
+    fresh = jnp.asarray(np.arange(p.iterations) < M)
+    pad = lambda a: jnp.where(fresh.reshape((-1,) + (1,) * (a.ndim - 1)), a, jnp.zeros_like(a))
+    acts = lambda a: layout.constrain(a, (None, "batch", "length", "d_model"))
+    x_T = acts(pad(split(x_BTD)[sched["first"]]))
+    rows_T = jax.tree.map(lambda a: split(a)[sched["first"]], rows)
+
+    def stage(x_bTD, rows_b, shared, params_RL, keys_RL, m, r):
+        pick = lambda a: jax.lax.dynamic_index_in_dim(a, r, 0, keepdims=False)
+        keys_L = None if keys_RL is None else _fold(pick(keys_RL), m)
+        return body(x_bTD, rows_b, shared, jax.tree.map(pick, params_RL), keys_L)
+
+    def step(carry, xs):
+        (x_S, rows_S), delay = carry
+        x_in, rows_in, is_fresh, m_S, r_S = xs
+        if delay is not None:           # circular: the last stage's output of M - S + 1
+            x_in = jnp.where(is_fresh, x_in, delay[0])    # iterations ago, its next round
+        enter = lambda a, b: on_stage(jnp.roll(a, 1, axis=0).at[0].set(b), 0)
+        x_S = enter(x_S, x_in)
+        rows_S = jax.tree.map(enter, rows_S, rows_in)
+        out_S, stats = jax.vmap(stage, spmd_axis_name=p.axis)(
+            x_S, rows_S, shared_S, params_SRL, keys_SRL, m_S, r_S)
+        out_S = on_stage(out_S, 0)
+        # The last stage's output, on every stage: a masked sum over the stage axis (one
+        # all-reduce), which GSPMD partitions better than a slice of one shard.
+        last = acts(jnp.sum(jnp.where(jnp.arange(S)[:, None, None, None] == S - 1, out_S, 0),
+                            axis=0)[None])
+        if delay is not None:
+            delay = jnp.concatenate([delay[1:], last])
+        return ((out_S, rows_S), delay), (last[0], stats)
+
+    per_stage = lambda a: on_stage(jnp.zeros((S,) + a.shape[1:], a.dtype), 0)
+    state = (per_stage(x_T), jax.tree.map(per_stage, rows_T))
+    delay = None if R == 1 else acts(jnp.zeros((M - S + 1,) + x_T.shape[1:], x_T.dtype))
+    xs = (x_T, rows_T, fresh, jnp.asarray(sched["m_TS"]), jnp.asarray(sched["r_TS"]))
+    _, (out_T, stats_T) = jax.lax.scan(step, (state, delay), xs)
+    # The last M iterations finish micro-batches 0 .. M-1 of the last round.
+    return jnp.swapaxes(out_T[-M:], 0, 1).reshape(x_BTD.shape), combine(stats_T, p)
+
+
+def _fold(keys, m):
+    """Each key of ``keys`` (typed, or raw uint32 [..., 2]) folded with micro-batch ``m``."""
+    typed = jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key)
+    flat = keys.reshape((-1,) if typed else (-1, keys.shape[-1]))
+    return jax.vmap(jax.random.fold_in, (0, None))(flat, m).reshape(keys.shape)
+
+
+def combine(stats_T: list[dict], p: Plan) -> list[dict]:
+    """Per-iteration stats [T, S, L, ...] -> per group [G, ...], over the micro-batches: routed
+    tokens added, per-group balance sums joined in batch order, eq. 4 recomputed from them,
+    every other statistic (a mean over routed tokens) weighted by its micro-batch's tokens."""
+    S, M, R = p.stages, p.microbatches, p.repeats
+    r, s, m = np.meshgrid(np.arange(R), np.arange(S), np.arange(M), indexing="ij")
+    t_RSM = r * M + m + s                       # the iteration stage s ran (round r, batch m)
+    out = []
+    for layer in stats_T:
+        v = {k: x[t_RSM, s] for k, x in layer.items()}         # [R, S, M, L, ...]
+        routed = v["routed_tokens"]
+        weight = routed / jnp.maximum(jnp.sum(routed, axis=2, keepdims=True), 1.0)
+        joined = {}
+        for k, x in v.items():
+            if k == "routed_tokens":
+                joined[k] = jnp.sum(x, axis=2)
+            elif k in BALANCE_STATS:            # [.., M, L, Gm, ...] -> [.., L, M * Gm, ...]
+                x = jnp.moveaxis(x, 2, 3)
+                joined[k] = x.reshape(x.shape[:3] + (-1,) + x.shape[5:])
+            elif k != "aux_loss":
+                w = weight.reshape(weight.shape + (1,) * (x.ndim - weight.ndim))
+                joined[k] = jnp.sum(x * w, axis=2)
+        flat = lambda x: x.reshape((-1,) + x.shape[3:])       # [R, S, L, ...] -> [G, ...]
+        joined = {k: flat(x) for k, x in joined.items()}
+        joined["aux_loss"] = jax.vmap(switch_aux_loss)(
+            Balance(*(joined[k] for k in BALANCE_STATS)))
+        out.append(joined)
+    return out
