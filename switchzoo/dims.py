@@ -26,7 +26,7 @@ VOCABULARY: dict[str, tuple[str, str]] = {
                    "index dispatch gathers from and into"),
     "chunks": ("J", "runs of positions the train loss makes logits for one at a time"),
     "layers": ("Z", "layers of a scanned stack: the leading dim of its stacked parameters "
-                    "(never sharded: the scan runs every layer on every device)"),
+                    "(split only over a pipeline's stage axis: switchzoo/pipeline.py)"),
 }
 
 # Where both occur, these letters stand for the length of the source and of the target.

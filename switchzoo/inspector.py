@@ -22,6 +22,7 @@ import numpy as np
 
 from switchzoo import layout as layout_lib
 from switchzoo import moe as moe_lib
+from switchzoo import pipeline
 from switchzoo import state as state_lib
 from switchzoo import steps, zoo
 from switchzoo.config import ATTENTION, REMAT
@@ -90,17 +91,18 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
             batch_size: int | None = None, length: int = 64, compile_step: bool = True,
             group_size: int | None = None, decompose_all_to_all: bool = False,
             dtype: str = "float32", scan_layers: bool = False, remat: str = "none",
-            attention: str = "auto") -> dict:
+            attention: str = "auto", microbatches: int = 0, repeats: int = 1) -> dict:
     """The inspector's report (the --json object). Nothing is allocated: shapes are abstract.
 
     ``batch_size`` is the global batch in sequences (default: two per device), ``length`` the
     length of the inputs and of the targets; ``group_size`` overrides the catalogue's routing
     group (tokens routed together). ``decompose_all_to_all`` keeps the CPU compiler's
     all-to-all rewrite (see _CPU_NO_DECOMPOSER; off by default, no effect off CPU).
-    ``dtype`` (activations), ``scan_layers``, ``remat`` and ``attention`` as the ModelConfig
-    fields."""
+    ``dtype`` (activations), ``scan_layers``, ``remat``, ``attention`` and (with 'layers:stage'
+    in the layout) ``microbatches`` and ``repeats`` as the ModelConfig fields."""
     cfg = zoo.get(model).replace(dtype=dtype, scan_layers=scan_layers, remat=remat,
-                                 attention=attention)
+                                 attention=attention, pipeline_microbatches=microbatches,
+                                 pipeline_repeats=repeats)
     if group_size is not None:
         if cfg.moe is None:
             raise ValueError(f"--group-size: {model} has no Switch layers to route")
@@ -125,6 +127,7 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         "optimizer": optimizer,
         "dtype": dtype, "scan_layers": scan_layers, "remat": remat,
         "attention": str(attention_impl(cfg)),
+        "pipeline": _pipeline(lay, cfg),
         "params_bytes_total": int(sum(layout_lib.nbytes(x.shape, x.dtype)
                                       for x in jax.tree.leaves(abstract.params))),
         "params_bytes_per_device_max": _bytes_per_device(abstract.params, shardings.params),
@@ -155,6 +158,15 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
     return report
 
 
+def _pipeline(lay, cfg) -> dict | None:
+    """The pipeline schedule the layout and model ask for (None: no stage axis)."""
+    p = pipeline.plan(lay, cfg)
+    if p is None:
+        return None
+    return {"axis": p.axis, "stages": p.stages, "microbatches": p.microbatches,
+            "repeats": p.repeats, "iterations": p.iterations, "bubble": round(p.bubble, 4)}
+
+
 def format_table(report: dict) -> str:
     rows = [("tensor", "dims", "spec", "per-device shape", "bytes/device")]
     for t in report["tensors"]:
@@ -174,6 +186,11 @@ def format_table(report: dict) -> str:
     lines += ["", f"parameters: {total:,} bytes in all, {per:,} per device "
                   f"({per / total:.3f} of the total)",
               f"optimizer state: {report['opt_bytes_per_device_max']:,} bytes per device"]
+    if report.get("pipeline"):
+        p = report["pipeline"]
+        lines.append(f"pipeline: {p['stages']} stages on '{p['axis']}', {p['microbatches']} "
+                     f"micro-batches, {p['repeats']} round(s): {p['iterations']} iterations, "
+                     f"bubble {p['bubble']:.1%} of each stage's time")
     if "collectives" in report:
         groups = (f", {report['routing_groups']} routing groups of {report['group_size']}"
                   if "routing_groups" in report else "")
@@ -260,6 +277,11 @@ def main(argv=None) -> int:
                         help="activation dtype (parameters and router stay float32)")
     parser.add_argument("--scan-layers", action="store_true",
                         help="scan each stack's repeating group of layers")
+    parser.add_argument("--microbatches", type=int, default=0,
+                        help="pipeline micro-batches, with 'layers:stage' in the layout (0: one "
+                             "per stage)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of a circular pipeline schedule (1: GPipe)")
     parser.add_argument("--remat", default="none", choices=REMAT,
                         help="rematerialise each block in the backward pass")
     parser.add_argument("--attention", default="auto", choices=ATTENTION,
@@ -292,7 +314,7 @@ def main(argv=None) -> int:
         report = inspect(args.model, mesh, args.layout, args.optimizer, args.batch_size,
                          args.length, not args.no_compile, args.group_size,
                          args.cpu_decompose_all_to_all, args.dtype, args.scan_layers, args.remat,
-                         args.attention)
+                         args.attention, args.microbatches, args.repeats)
         if args.figure:
             _figure(report, args)
     except (ValueError, KeyError) as e:

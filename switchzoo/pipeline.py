@@ -118,86 +118,82 @@ def check(layout, cfg, stack_groups: dict[str, int], batch: int | None = None) -
 
 
 def schedule(p: Plan) -> dict[str, np.ndarray]:
-    """Per iteration t (static): each stage's micro-batch and round, and the micro-batch stage 0
-    takes."""
+    """Per iteration t (static): each stage's micro-batch and round ([iterations, stages]), and
+    the micro-batch stage 0 takes ([iterations])."""
     S, M, R = p.stages, p.microbatches, p.repeats
     t = np.arange(p.iterations)
-    k_TS = t[:, None] - np.arange(S)[None, :]          # micro-batch steps since stage s began
-    return {"m_TS": k_TS % M, "r_TS": np.clip(k_TS // M, 0, R - 1), "first": t % M}
+    since = t[:, None] - np.arange(S)[None, :]         # micro-batch steps since stage s began
+    return {"micro": since % M, "round": np.clip(since // M, 0, R - 1), "first": t % M}
 
 
 def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
-    """``body(x_bTD, rows_b, shared, params_L, keys_L) -> (x_bTD, stats)`` runs L consecutive
-    layer groups (a lax.scan over ``params``' leading dim, stats as its ys: a list of {name:
-    [L, ...]}); ``rows`` are per batch row, ``shared`` the same for every row. Runs all G groups
-    over the stage axis; returns (x_BTD, stats as {name: [G, ...]}) as one unpipelined ``body``
-    over every group would."""
+    """``body(x, rows, shared, params, keys) -> (x, stats)`` runs consecutive layer groups (a
+    lax.scan over ``params``' leading dim, the stats its ys: a list of {name: [groups, ...]});
+    ``rows`` are per batch row, ``shared`` the same for every row. Runs all the groups over the
+    stage axis; returns (x_BTD, stats) as one unpipelined ``body`` over every group would."""
     S, M, R = p.stages, p.microbatches, p.repeats
     B = x_BTD.shape[0]
     if B % M:
         raise ValueError(f"the batch of {B} rows does not divide into {M} pipeline "
                          "micro-batches; choose pipeline_microbatches dividing it")
     mb = B // M
-    mesh = layout.mesh
 
-    def on_stage(a, dim):       # stage-sharded at ``dim``, the other dims left to GSPMD
+    def on_stage(a, dim=0):     # stage-sharded at ``dim``, the other dims left to GSPMD
         spec = [P.UNCONSTRAINED] * a.ndim
         spec[dim] = p.axis
-        return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P(*spec)))
+        return jax.lax.with_sharding_constraint(a, NamedSharding(layout.mesh, P(*spec)))
 
-    def blocks(a):              # [G, ...] -> [S, R, L, ...]: block r*S + s at [s, r]
-        a = on_stage(a.reshape((R, S, -1) + a.shape[1:]), 1)
-        return jnp.swapaxes(a, 0, 1)
+    def blocks(a):              # [groups, ...] -> [S, R, groups / (S R), ...]: block r S + s
+        return jnp.swapaxes(on_stage(a.reshape((R, S, -1) + a.shape[1:]), 1), 0, 1)
 
+    acts = lambda a: layout.constrain(a, (None, "batch", "length", "d_model"))
     # Micro-batch m holds rows m, m + M, ... (as steps.micro_batches): every micro-batch has
     # rows on every device holding the batch, so splitting and joining move no data.
     split = lambda a: jnp.swapaxes(a.reshape((mb, M) + a.shape[1:]), 0, 1)
-    params_SRL = jax.tree.map(blocks, params)
-    keys_SRL = None if keys is None else blocks(keys)
+    sched = schedule(p)
+    stage_params = jax.tree.map(blocks, params)
+    stage_keys = None if keys is None else blocks(keys)
     # A copy per stage: its gradient (the relative-position bias's) adds up on each stage and
     # is summed over the stages once, after the loop, not in every iteration.
-    shared_S = jax.tree.map(lambda a: on_stage(jnp.broadcast_to(a, (S,) + a.shape), 0), shared)
-    sched = schedule(p)
-    # What stage 0 takes in iteration t: micro-batch t mod M, fresh while t < M (else, in a
-    # circular schedule, from the last stage M - S + 1 iterations before; else a bubble).
-    # Its rows (masks, encoder output) travel through the stages with it.
+    stage_shared = jax.tree.map(lambda a: on_stage(jnp.broadcast_to(a, (S,) + a.shape)), shared)
+    # What stage 0 takes in each iteration t: micro-batch t mod M, fresh while t < M (after
+    # that, in a circular schedule, the last stage's output of M - S + 1 iterations before,
+    # its next round; in GPipe, a bubble). Its rows (masks, encoder output) travel with it.
     fresh = jnp.asarray(np.arange(p.iterations) < M)
-    pad = lambda a: jnp.where(fresh.reshape((-1,) + (1,) * (a.ndim - 1)), a, jnp.zeros_like(a))
-    acts = lambda a: layout.constrain(a, (None, "batch", "length", "d_model"))
-    x_T = acts(pad(split(x_BTD)[sched["first"]]))
-    rows_T = jax.tree.map(lambda a: split(a)[sched["first"]], rows)
+    entering = acts(jnp.where(fresh[:, None, None, None], split(x_BTD)[sched["first"]], 0))
+    entering_rows = jax.tree.map(lambda a: split(a)[sched["first"]], rows)
 
-    def stage(x_bTD, rows_b, shared, params_RL, keys_RL, m, r):
-        pick = lambda a: jax.lax.dynamic_index_in_dim(a, r, 0, keepdims=False)
-        keys_L = None if keys_RL is None else _fold(pick(keys_RL), m)
-        return body(x_bTD, rows_b, shared, jax.tree.map(pick, params_RL), keys_L)
+    def stage(x, rows, shared, params, keys, micro, round_):
+        pick = lambda a: jax.lax.dynamic_index_in_dim(a, round_, 0, keepdims=False)
+        keys = None if keys is None else _fold(pick(keys), micro)
+        return body(x, rows, shared, jax.tree.map(pick, params), keys)
 
-    def step(carry, xs):
-        (x_S, rows_S), delay = carry
-        x_in, rows_in, is_fresh, m_S, r_S = xs
-        if delay is not None:           # circular: the last stage's output of M - S + 1
-            x_in = jnp.where(is_fresh, x_in, delay[0])    # iterations ago, its next round
-        enter = lambda a, b: on_stage(jnp.roll(a, 1, axis=0).at[0].set(b), 0)
-        x_S = enter(x_S, x_in)
-        rows_S = jax.tree.map(enter, rows_S, rows_in)
-        out_S, stats = jax.vmap(stage, spmd_axis_name=p.axis)(
-            x_S, rows_S, shared_S, params_SRL, keys_SRL, m_S, r_S)
-        out_S = on_stage(out_S, 0)
+    def iteration(carry, xs):
+        (x, x_rows), delay = carry
+        new, new_rows, is_fresh, micro, round_ = xs
+        if delay is not None:
+            new = jnp.where(is_fresh, new, delay[0])
+        enter = lambda a, b: on_stage(jnp.roll(a, 1, axis=0).at[0].set(b))
+        x, x_rows = enter(x, new), jax.tree.map(enter, x_rows, new_rows)
+        x, stats = jax.vmap(stage, spmd_axis_name=p.axis)(
+            x, x_rows, stage_shared, stage_params, stage_keys, micro, round_)
+        x = on_stage(x)
         # The last stage's output, on every stage: a masked sum over the stage axis (one
         # all-reduce), which GSPMD partitions better than a slice of one shard.
-        last = acts(jnp.sum(jnp.where(jnp.arange(S)[:, None, None, None] == S - 1, out_S, 0),
+        last = acts(jnp.sum(jnp.where(jnp.arange(S)[:, None, None, None] == S - 1, x, 0),
                             axis=0)[None])
         if delay is not None:
             delay = jnp.concatenate([delay[1:], last])
-        return ((out_S, rows_S), delay), (last[0], stats)
+        return ((x, x_rows), delay), (last[0], stats)
 
-    per_stage = lambda a: on_stage(jnp.zeros((S,) + a.shape[1:], a.dtype), 0)
-    state = (per_stage(x_T), jax.tree.map(per_stage, rows_T))
-    delay = None if R == 1 else acts(jnp.zeros((M - S + 1,) + x_T.shape[1:], x_T.dtype))
-    xs = (x_T, rows_T, fresh, jnp.asarray(sched["m_TS"]), jnp.asarray(sched["r_TS"]))
-    _, (out_T, stats_T) = jax.lax.scan(step, (state, delay), xs)
+    per_stage = lambda a: on_stage(jnp.zeros((S,) + a.shape[1:], a.dtype))
+    state = (per_stage(entering), jax.tree.map(per_stage, entering_rows))
+    delay = None if R == 1 else acts(jnp.zeros((M - S + 1,) + entering.shape[1:], x_BTD.dtype))
+    xs = (entering, entering_rows, fresh, jnp.asarray(sched["micro"]),
+          jnp.asarray(sched["round"]))
+    _, (leaving, stats) = jax.lax.scan(iteration, (state, delay), xs)
     # The last M iterations finish micro-batches 0 .. M-1 of the last round.
-    return jnp.swapaxes(out_T[-M:], 0, 1).reshape(x_BTD.shape), combine(stats_T, p)
+    return jnp.swapaxes(leaving[-M:], 0, 1).reshape(x_BTD.shape), combine(stats, p)
 
 
 def _fold(keys, m):
@@ -207,30 +203,31 @@ def _fold(keys, m):
     return jax.vmap(jax.random.fold_in, (0, None))(flat, m).reshape(keys.shape)
 
 
-def combine(stats_T: list[dict], p: Plan) -> list[dict]:
-    """Per-iteration stats [T, S, L, ...] -> per group [G, ...], over the micro-batches: routed
-    tokens added, per-group balance sums joined in batch order, eq. 4 recomputed from them,
-    every other statistic (a mean over routed tokens) weighted by its micro-batch's tokens."""
+def combine(stats: list[dict], p: Plan) -> list[dict]:
+    """Per-iteration stats [iterations, S, groups / (S R), ...] -> per layer group [groups, ...],
+    over the micro-batches: routed tokens added, per-routing-group balance sums joined (micro-batch
+    by micro-batch), eq. 4 recomputed from them, every other statistic (a mean over routed
+    tokens) weighted by its micro-batch's tokens."""
     S, M, R = p.stages, p.microbatches, p.repeats
     r, s, m = np.meshgrid(np.arange(R), np.arange(S), np.arange(M), indexing="ij")
-    t_RSM = r * M + m + s                       # the iteration stage s ran (round r, batch m)
+    ran = r * M + m + s                       # the iteration stage s ran round r of batch m
     out = []
-    for layer in stats_T:
-        v = {k: x[t_RSM, s] for k, x in layer.items()}         # [R, S, M, L, ...]
+    for layer in stats:
+        v = {k: x[ran, s] for k, x in layer.items()}           # [R, S, M, per block, ...]
         routed = v["routed_tokens"]
         weight = routed / jnp.maximum(jnp.sum(routed, axis=2, keepdims=True), 1.0)
         joined = {}
         for k, x in v.items():
             if k == "routed_tokens":
                 joined[k] = jnp.sum(x, axis=2)
-            elif k in BALANCE_STATS:            # [.., M, L, Gm, ...] -> [.., L, M * Gm, ...]
+            elif k in BALANCE_STATS:          # [R, S, M, block, g, ...] -> [R, S, block, M g, ...]
                 x = jnp.moveaxis(x, 2, 3)
                 joined[k] = x.reshape(x.shape[:3] + (-1,) + x.shape[5:])
             elif k != "aux_loss":
                 w = weight.reshape(weight.shape + (1,) * (x.ndim - weight.ndim))
                 joined[k] = jnp.sum(x * w, axis=2)
-        flat = lambda x: x.reshape((-1,) + x.shape[3:])       # [R, S, L, ...] -> [G, ...]
-        joined = {k: flat(x) for k, x in joined.items()}
+        # [R, S, block, ...] -> [groups, ...]: group (r S + s) block + i, the model's order
+        joined = {k: x.reshape((-1,) + x.shape[3:]) for k, x in joined.items()}
         joined["aux_loss"] = jax.vmap(switch_aux_loss)(
             Balance(*(joined[k] for k in BALANCE_STATS)))
         out.append(joined)

@@ -291,6 +291,8 @@ def setup_run(config, layout: layout_lib.Layout, cfg: ModelConfig,
     """``setup`` for a run config: its optimizer (``train``; else the parameters alone), seed
     and weight-update sharding, on ``layout`` (run_layout) with model ``cfg``
     (run_model_config, or a Hugging Face checkpoint's)."""
+    pipeline.check(layout, cfg, scanned.groups(cfg),
+                   global_batch_size(config) // config.grad_accum_steps)
     return setup(cfg, layout, optimizer=run_optimizer(config) if train else None,
                  seed=config.seed,
                  update_axis="data" if train and config.shard_optimizer_over_data else None,

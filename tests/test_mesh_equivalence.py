@@ -21,9 +21,12 @@ TX = state_lib.make_optimizer("adamw", learning_rate=LR, warmup_steps=1)
 BATCH = next(data.byte_lm_batches(16, 32, seed=0))
 
 
-def one_step(mesh, preset, cfg=CFG):
+def one_step(mesh, preset, cfg=CFG, step=None):
+    """(metrics, gradients, updated parameters, optimizer state) of one step (``step``: the
+    compiled train step of that set-up, where the caller reads its program too)."""
     setup = state_lib.setup(cfg, L.Layout.create(preset, mesh), optimizer=TX, seed=0)
-    new_state, metrics = steps.make_train_step(setup)(setup.init(), BATCH)
+    step = step or steps.make_train_step(setup)
+    new_state, metrics = step(setup.init(), BATCH)
     metrics, params, opt_state = jax.device_get((metrics, new_state.params, new_state.opt_state))
     # The gradient itself, read off Adam's first moment: one step from zero leaves
     # mu = (1 - b1) g exactly (b1 = 0.9), so the step's own gradient is compared, not a

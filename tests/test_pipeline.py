@@ -4,14 +4,17 @@ decoder-only and encoder-decoder, with Switch layers; the compiled program hands
 between stages by collective-permute and never gathers a whole stack; bad settings are refused
 in one line."""
 import dataclasses
+import json
 
 import jax
 import numpy as np
 import pytest
 
-from switchzoo import data, layout as L, pipeline, state as state_lib, steps, zoo
+from switchzoo import layout as L, loop, state as state_lib, steps, weights, zoo
+from switchzoo.configs import mini
+from switchzoo.layout import hlo
 
-from test_mesh_equivalence import assert_close, one_step
+from test_mesh_equivalence import BATCH, TX, assert_close, one_step
 
 PP = "batch:data,experts:expert,layers:stage"
 
@@ -23,8 +26,8 @@ def model(name: str, layers: int, **kw):
     stacks = {"num_layers": layers}
     if cfg.is_encoder_decoder:
         stacks["num_encoder_layers"] = layers
-    return cfg.replace(scan_layers=True, moe=dataclasses.replace(cfg.moe, jitter=0.0),
-                       **stacks, **kw)
+    return cfg.replace(**{"scan_layers": True, "moe": dataclasses.replace(cfg.moe, jitter=0.0),
+                          **stacks, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +44,21 @@ def lm():
 def test_decoder_only_step_equals_unpipelined(lm, mesh, layout, microbatches, repeats):
     cfg, reference = lm
     cfg = cfg.replace(pipeline_microbatches=microbatches, pipeline_repeats=repeats)
-    got = one_step(L.make_mesh(mesh), layout, cfg)
+    setup = state_lib.setup(cfg, L.Layout.create(layout, L.make_mesh(mesh)), optimizer=TX)
+    step = steps.make_train_step(setup).lower(
+        setup.abstract, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), BATCH)
+    ).compile()
+    got = one_step(setup.mesh, layout, cfg, step)
     assert_close(got[0], reference[0], "metrics")
     assert_close(got[1], reference[1], "gradient")
+    # Stages hand activations over by collective-permute; nothing gathers a stacked parameter
+    # over the stage axis (each stage keeps its own layers).
+    program = hlo.read(step.as_text(), dict(setup.mesh.shape))
+    over_stages = [c for c in program.collectives if "stage" in c.axes]
+    assert any(c.kind == "collective-permute" for c in over_stages)
+    stacked = [x.size * x.dtype.itemsize for path, x in jax.tree_util.tree_leaves_with_path(
+        setup.abstract.params) if "scanned" in state_lib.path_name(path)]
+    assert all(c.bytes < min(stacked) for c in over_stages if c.kind == "all-gather")
 
 
 def test_encoder_decoder_step_equals_unpipelined():
@@ -53,3 +68,64 @@ def test_encoder_decoder_step_equals_unpipelined():
                    cfg.replace(pipeline_microbatches=2))
     assert_close(got[0], reference[0], "metrics")
     assert_close(got[1], reference[1], "gradient")
+
+
+def run_config(**kw):
+    c = mini.get_config("model=switch_tiny,steps=4")
+    c.per_device_batch_size, c.max_length, c.data.vocab_size = 1, 32, 300
+    c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps = 1, 0, 4
+    c.data.max_eval_examples = 16
+    c.scan_layers, c.moe.jitter = True, 0.0
+    for k, v in kw.items():
+        node, _, field = k.rpartition("__")      # data__vocab_path: c.data.vocab_path
+        setattr(c[node] if node else c, field, v)
+    return c
+
+
+def train_losses(workdir) -> list[float]:
+    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r["split"] == "train"]
+
+
+def test_a_pipelined_run_trains_as_unpipelined_and_its_checkpoints_cross_meshes(tmp_path):
+    flat, piped = tmp_path / "flat", tmp_path / "piped"
+    # The same 4 batch shards (the input pipeline reads rows per shard) without stages.
+    loop.train(run_config(mesh="data:4,model:2"), flat, print_fn=lambda *_: None)
+    loop.train(run_config(layout="dp_pp", mesh="stage:2,data:4", pipeline_microbatches=2,
+                          data__vocab_path=str(flat / "tokenizer.model")),
+               piped, print_fn=lambda *_: None)
+    np.testing.assert_allclose(train_losses(piped), train_losses(flat), rtol=1e-5)
+    # The pipelined run's checkpoint loads on one device unpipelined, the unpipelined run's on
+    # the stage mesh: the same parameter tree, only the shardings differ.
+    one = L.make_mesh("data:1", devices=jax.devices()[:1])
+    cfg = weights.resolve(piped).cfg
+    on_one = weights.resolve(piped).load(state_lib.setup(cfg, L.Layout.create("data_parallel",
+                                                                               one)))
+    on_stages = weights.resolve(flat).load(state_lib.setup(cfg, L.Layout.create(
+        "dp_pp", L.make_mesh("stage:2,data:4"))))
+    assert_close(jax.device_get(on_one), jax.device_get(on_stages), "parameters")
+
+
+@pytest.mark.parametrize("cfg, layout, mesh, error", [
+    (model("switch_tiny", 4), "dp_pp", "stage:4,data:2",
+     r"the decoder has 2 scanned layer groups, not divisible by 4 stages x 1 repeats"),
+    (model("switch_tiny", 8, pipeline_repeats=2, pipeline_microbatches=1), "dp_pp",
+     "stage:2,data:4", r"needs at least as many micro-batches as stages \(2\)"),
+    (model("switch_tiny", 8, scan_layers=False), "dp_pp", "stage:2,data:4",
+     r"the layers are not scanned; set --config.scan_layers=true"),
+    (model("switch_tiny", 8), "batch:data+stage,layers:stage", "stage:2,data:4",
+     r"splits both 'layers' and 'batch' over 'stage'"),
+])
+def test_a_pipeline_the_model_cannot_run_is_refused_in_one_line(cfg, layout, mesh, error):
+    with pytest.raises(ValueError, match=error):
+        state_lib.setup(cfg, L.Layout.create(layout, L.make_mesh(mesh)))
+
+
+def test_run_settings_a_pipeline_cannot_take_are_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ValueError, match=r"does not divide into 3 pipeline micro-batches"):
+        loop.train(run_config(layout="dp_pp", mesh="stage:2,data:4", pipeline_microbatches=3),
+                   tmp_path / "a", print_fn=lambda *_: None)
+    with pytest.raises(ValueError, match=r"--config.pipeline_microbatches=4 is read only with a "
+                                         r"layout with 'layers:stage'"):
+        loop.train(run_config(pipeline_microbatches=4), tmp_path / "b", print_fn=lambda *_: None)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
