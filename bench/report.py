@@ -215,6 +215,24 @@ def pod_section(r: dict) -> list[str]:
     return lines + [""]
 
 
+def pipeline_parallel_section(r: dict) -> list[str]:
+    lines = ["### Pipeline parallelism (`bench/pipeline_parallel.py`)", "",
+             f"{r['model']} with {r['layers']} layers, {r['rows_per_data_shard']} sequences of "
+             f"{r['length']} tokens per data shard, {r['optimizer']}, remat {r['remat']}; the "
+             "stages on 8 simulated devices, the rest on data. Per device:", "",
+             "| stages | micro-batches | rounds | params | optimizer | temporaries | "
+             "layer GFLOP | measured idle | schedule's bubble |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in r["rows"]:
+        lines.append(f"| {row['stages']} | {row['microbatches']} | {row['rounds']} | "
+                     f"{row['params_bytes_per_device'] / 1e6:.2f} MB | "
+                     f"{row['opt_bytes_per_device'] / 1e6:.2f} MB | "
+                     f"{row['temp_bytes_per_device'] / 1e6:.1f} MB | "
+                     f"{row['layer_flops_per_device'] / 1e9:.2f} | "
+                     f"{row['measured_idle_fraction']:.4f} | {row['schedule_bubble']:.4f} |")
+    return lines + [""]
+
+
 def generic_section(name: str, r: dict) -> list[str]:
     body = {k: v for k, v in r.items() if k not in ("machine", "goals", "bench")}
     return [f"### {name} (`bench/{name}.py`)", "", "```json", json.dumps(body, indent=1),
@@ -241,7 +259,8 @@ def main():
     sections = {"train_step": lambda r: train_step_section(r, figures),
                 "memory": lambda r: memory_section(r, figures),
                 "pipeline": pipeline_section, "decode": decode_section}
-    sections.update({"peer": lambda r: peer_section(r, figures), "pod": pod_section})
+    sections.update({"peer": lambda r: peer_section(r, figures), "pod": pod_section,
+                     "pipeline_parallel": pipeline_parallel_section})
     for name, r in results.items():
         lines += sections.get(name, lambda r, n=name: generic_section(n, r))(r)
     lines.append(END)

@@ -26,6 +26,9 @@ BENCHES = {
     "flops": ("flops.py", [], ["--batch", "8", "--length", "128"]),
     "lm_step": ("lm_step.py", [], ["--repeats", "2"]),
     "pod": ("pod.py", [], ["--cases", "switch_tiny:8", "--length", "32"]),
+    "pipeline_parallel": ("pipeline_parallel.py", [], ["--layers", "4", "--rows", "8",
+                                                       "--length", "32",
+                                                       "--schedules", "1x1x1,2x2x1"]),
 }
 
 

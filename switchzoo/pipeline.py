@@ -127,10 +127,11 @@ def schedule(p: Plan) -> dict[str, np.ndarray]:
 
 
 def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
-    """``body(x, rows, shared, params, keys) -> (x, stats)`` runs consecutive layer groups (a
-    lax.scan over ``params``' leading dim, the stats its ys: a list of {name: [groups, ...]});
-    ``rows`` are per batch row, ``shared`` the same for every row. Runs all the groups over the
-    stage axis; returns (x_BTD, stats) as one unpipelined ``body`` over every group would."""
+    """``body(x, rows, shared, params, keys, select) -> (x, stats)`` runs consecutive layer
+    groups (a lax.scan over ``params``' leading dim, the stats its ys: a list of {name: [groups,
+    ...]}; ``select``, when given, picks each group's parameters from its slice, inside the
+    group's remat); ``rows`` are per batch row, ``shared`` the same for every row. Runs all the
+    groups over the stage axis; returns (x_BTD, stats) as one unpipelined ``body`` would."""
     S, M, R = p.stages, p.microbatches, p.repeats
     B = x_BTD.shape[0]
     if B % M:
@@ -151,8 +152,12 @@ def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
     # rows on every device holding the batch, so splitting and joining move no data.
     split = lambda a: jnp.swapaxes(a.reshape((mb, M) + a.shape[1:]), 0, 1)
     sched = schedule(p)
-    stage_params = jax.tree.map(blocks, params)
-    stage_keys = None if keys is None else blocks(keys)
+    # GPipe: stage s's groups [S, groups / S, ...]. Circular: [S, groups / (S R), R, ...], the
+    # round picked inside each group's remat (a pick per iteration outside it would keep a copy
+    # of the stage's parameters per iteration for the backward pass).
+    by_round = (lambda a: a[:, 0]) if R == 1 else (lambda a: jnp.swapaxes(a, 1, 2))
+    stage_params = jax.tree.map(lambda a: by_round(blocks(a)), params)
+    stage_keys = None if keys is None else by_round(blocks(keys))
     # A copy per stage: its gradient (the relative-position bias's) adds up on each stage and
     # is summed over the stages once, after the loop, not in every iteration.
     stage_shared = jax.tree.map(lambda a: on_stage(jnp.broadcast_to(a, (S,) + a.shape)), shared)
@@ -164,9 +169,13 @@ def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
     entering_rows = jax.tree.map(lambda a: split(a)[sched["first"]], rows)
 
     def stage(x, rows, shared, params, keys, micro, round_):
-        pick = lambda a: jax.lax.dynamic_index_in_dim(a, round_, 0, keepdims=False)
-        keys = None if keys is None else _fold(pick(keys), micro)
-        return body(x, rows, shared, jax.tree.map(pick, params), keys)
+        pick = lambda a: jax.lax.dynamic_index_in_dim(a, round_, 1, keepdims=False)
+        if R > 1:
+            keys = None if keys is None else pick(keys)
+        keys = None if keys is None else _fold(keys, micro)
+        select = None if R == 1 else lambda p: jax.tree.map(
+            lambda a: jax.lax.dynamic_index_in_dim(a, round_, 0, keepdims=False), p)
+        return body(x, rows, shared, params, keys, select)
 
     def iteration(carry, xs):
         (x, x_rows), delay = carry

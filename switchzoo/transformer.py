@@ -202,12 +202,15 @@ class Stack(nnx.Module):
         rows = (*rows, valid_BT)
         policy = REMAT_POLICIES[self.cfg.remat]
 
-        def run(x_BTD, rows, bias_BHTS, params, keys):
-            """Consecutive groups over x (their parameters stacked on the leading dim)."""
+        def run(x_BTD, rows, bias_BHTS, params, keys, select=None):
+            """Consecutive groups over x (their parameters stacked on the leading dim; a
+            pipeline's ``select`` picks each group's from its slice)."""
             mask_BTS, enc_BSD, cross_mask_BTS, valid_BT = rows
 
             def group(x_BTD, xs):
                 params, keys = xs
+                if select is not None:
+                    params = select(params)
                 stats = []
                 for j, layer in enumerate(nnx.merge(graphdef, params)):
                     x_BTD, s, _ = layer(x_BTD, bias_BHTS, mask_BTS, enc_BSD, cross_mask_BTS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from switchzoo.layout.candidates import DIMS, Candidate, Sizes
+from switchzoo.layout.candidates import DIMS, Candidate
 from switchzoo.layout.estimate import Model
 
 GIB = 2 ** 30
@@ -48,11 +48,12 @@ def gib_text(b: float) -> str:
     return f"{b / GIB:.1f} GiB" if b >= GIB / 10 else f"{b / 2 ** 20:.1f} MiB"
 
 
-def _divides(model: Model, c: Candidate) -> bool:
-    cfg = model.cfg
-    sizes = Sizes(model.batch // model.accumulate, cfg.num_heads, cfg.d_ff, cfg.vocab_size,
-                  cfg.moe.num_experts if cfg.moe else 0)
-    return all(sizes.of(d) % c.parts(d) == 0 for d in DIMS if d != "experts" or sizes.experts)
+def _divides(model: Model, c: Candidate) -> Candidate | None:
+    """``c`` (a pipeline's micro-batches chosen afresh) where the run's sizes divide over it."""
+    sizes = model.sizes()
+    if all(sizes.of(d) % c.parts(d) == 0 for d in DIMS if d != "experts" or sizes.experts):
+        return model.pipelined(c)
+    return None
 
 
 def _more_devices(model: Model, cand: Candidate, peak: float | None, n: int, budget: float,
@@ -71,8 +72,9 @@ def _more_devices(model: Model, cand: Candidate, peak: float | None, n: int, bud
         for axis, size in cur.mesh:
             if not any(axis in a for _, a in cur.rules):
                 continue
-            c = Candidate(tuple((a, s * 2 if a == axis else s) for a, s in cur.mesh), cur.rules)
-            if _divides(changed, c):
+            c = _divides(changed, dataclasses.replace(
+                cur, mesh=tuple((a, s * 2 if a == axis else s) for a, s in cur.mesh)))
+            if c is not None:
                 est = estimated_peak(model, cand, peak, changed, c)
                 if best is None or est < best[0]:
                     best = (est, c)
@@ -99,7 +101,8 @@ def changes(model: Model, cand: Candidate, budget: float, n: int, peak: float | 
         return est <= budget
 
     k = 2
-    while model.batch % (model.accumulate * k * cand.parts("batch")) == 0:
+    micro = cand.microbatches if cand.stages > 1 else 1     # a pipeline's, within each
+    while model.batch % (model.accumulate * k * cand.parts("batch") * micro) == 0:
         if weigh(flags["accumulate"].format(k=model.accumulate * k),
                  dataclasses.replace(model, accumulate=model.accumulate * k)):
             break

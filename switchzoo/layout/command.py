@@ -54,10 +54,12 @@ def parse_axes(text: str) -> tuple[str, ...]:
 
 def run_config(config, devices: int, profile: str, memory_gib: float | None, axes: str,
                fix: str, top: int, cache: bool, as_json: bool, write: str | None,
-               argv: list[str], include=(), spelling: str = "train") -> int:
+               argv: list[str], include=(), spelling: str = "train",
+               microbatches: int | None = None, repeats: int | None = None) -> int:
     """Checks the request, starts a process with ``devices`` simulated devices if this one
     lacks them, and searches (the command line and train.py --search_layout share this;
-    ``spelling``: whose flags the advice names, "search" for this command's)."""
+    ``spelling``: whose flags the advice names, "search" for this command's; ``microbatches``
+    and ``repeats``: a pipelined candidate's, None: the config's)."""
     from switchzoo import inspector
     if devices is None or devices < 1:
         raise LayoutError("--devices N: give the number of devices to lay the run out on")
@@ -70,6 +72,12 @@ def run_config(config, devices: int, profile: str, memory_gib: float | None, axe
         raise LayoutError(f"--write {write!r}: a preset name is letters, digits and '_'")
     if memory_gib is not None and memory_gib <= 0:
         raise LayoutError(f"--memory-gib {memory_gib}: give a positive budget per device")
+    if microbatches is not None and microbatches < 0 or repeats is not None and repeats < 1:
+        raise LayoutError("--microbatches N (0: 4 x stages) and --repeats R (1: GPipe) take "
+                          "N >= 0 and R >= 1")
+    if search_lib.STAGE in axes_t and not config.scan_layers:
+        raise LayoutError(f"--axes {axes}: the '{search_lib.STAGE}' axis pipelines scanned "
+                          "layers; drop --no-scan")
     for text in include:
         search_lib.parse_include(text, axes_t, devices)             # a bad one fails before compiling
     if not inspector.use_cpu_devices(devices):
@@ -77,7 +85,7 @@ def run_config(config, devices: int, profile: str, memory_gib: float | None, axe
     budget = (memory_gib * GIB) if memory_gib else prof.hbm_bytes
     result = search_lib.search(config, prof, budget, axes_t, fixed, top, cache,
                     print_fn=(lambda *_: None) if as_json else print, include=include,
-                    spelling=spelling)
+                    spelling=spelling, microbatches=microbatches, repeats=repeats)
     if write:
         path = search_lib.write_preset(write, result)
         if not as_json:
@@ -114,7 +122,14 @@ def parser():
                                                    "config's)")
     p.add_argument("--group-size", type=int, help="tokens per routing group (default: the "
                                                    "config's, else the catalogue's)")
-    p.add_argument("--axes", default=",".join(DEFAULT_AXES), help="mesh axes")
+    p.add_argument("--axes", default=",".join(DEFAULT_AXES),
+                   help="mesh axes; 'stage' pipelines the layers over it (e.g. "
+                        "stage,data,model,expert: the stage axis outermost)")
+    p.add_argument("--microbatches", type=int, default=0,
+                   help="with a stage axis: pipeline micro-batches per step (default 0: 4 x "
+                        "stages, fewer where the batch does not divide)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="with a stage axis: rounds of a circular pipeline (default 1: GPipe)")
     p.add_argument("--fix", default="", help="pin axis sizes, e.g. model:8")
     p.add_argument("--top", type=int, default=6, help="candidates to compile")
     p.add_argument("--include", action="append", default=[], metavar="MESH/LAYOUT",
@@ -139,6 +154,10 @@ def config_from_args(args):
             f"--devices {' or '.join(map(str, sorted(near)))}")
     if args.top < 1:
         raise LayoutError("--top: compile at least one candidate")
+    if (args.microbatches or args.repeats != 1) and search_lib.STAGE not in parse_axes(args.axes):
+        raise LayoutError(f"--microbatches / --repeats are read only with a pipeline: add the "
+                          f"'{search_lib.STAGE}' axis, e.g. --axes {search_lib.STAGE},"
+                          f"{args.axes}")
     config = load_config(args.config)
     if args.model:
         from switchzoo import zoo
@@ -156,6 +175,9 @@ def config_from_args(args):
         config.grad_accum_steps = args.grad_accum
     if args.group_size is not None:
         config.moe.group_size = args.group_size
+    # a stage axis's pipeline (the search compiles each pipelined candidate with these; the
+    # others with the fields' defaults)
+    config.pipeline_microbatches, config.pipeline_repeats = args.microbatches, args.repeats
     return config
 
 
@@ -183,7 +205,8 @@ def main(argv=None) -> int:
         return run_config(config, args.devices, args.hardware, args.memory_gib, args.axes,
                           args.fix, args.top, not args.no_cache, args.json, args.write,
                           ["-m", "switchzoo.layout", "search", *argv], args.include,
-                          spelling="search")
+                          spelling="search", microbatches=args.microbatches,
+                          repeats=args.repeats)
     except (ValueError, KeyError) as e:
         if args.verbose:
             raise

@@ -5,14 +5,30 @@ collectives the layout implies, priced by the same cost model as a compiled prog
 (switchzoo/layout/hardware.py), each group placed on hosts and chips by its mesh axes and the
 mesh order. It orders the candidates to compile and feeds the advice; the compiled program
 decides the ranking.
+
+A pipelined candidate (its 'layers' split over S stages, M micro-batches, R rounds; I = R M +
+S - 1 iterations per step, bubble factor f = I / (R M)) is priced as switchzoo/pipeline.py runs
+it: each device holds and computes its stage's layers (stacked parameters / S; their FLOPs / S x
+f: the bubble's stages compute on dummy data), the layers' own collectives run per iteration on
+one micro-batch (so their bytes are / S x f), each stack hands one micro-batch's activation
+(and its masks; a decoder's encoder output) to the next stage by a collective-permute per
+iteration forward and its gradient back (two permutes, as XLA compiles a roll's transpose),
+the last stage's output is all-reduced over the stage axis per iteration (forward) and the
+stage-0 input's gradient (backward), and for R > 1 every stacked parameter crosses the stage
+axis by an all-to-all per step and its gradient back. What sits outside the stacks (embedding,
+output layer, loss) runs on every stage for its batch rows. docs/layout_search_pipeline.md
+states the formulas.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from switchzoo.layout import hardware, hlo
-from switchzoo.layout.candidates import DIMS, HOME, Candidate
+from switchzoo.layout.candidates import DIMS, HOME, Candidate, Sizes, microbatches_for
+
+SPLIT = DIMS + ("layers",)      # the dims a candidate may split a parameter on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +101,41 @@ class Model:
     act_bytes: int
     remat: str
     accumulate: int = 1      # micro-batches per step: activations of one micro-batch live
+    groups: tuple[int, ...] = ()     # each stack's scanned layer groups (none: not scanned)
+    pipeline_microbatches: int = 0   # a pipelined candidate's M as asked (0: 4 x stages ...)
+    pipeline_repeats: int = 1        # ... and its rounds R
+
+    def sizes(self) -> Sizes:
+        """The dimension sizes the enumeration checks."""
+        cfg = self.cfg
+        return Sizes(self.batch // self.accumulate, cfg.num_heads, cfg.d_ff, cfg.vocab_size,
+                     cfg.moe.num_experts if cfg.moe else 0, self.groups)
+
+    def pipelined(self, c: Candidate) -> Candidate | None:
+        """``c`` with the micro-batches and rounds its pipeline runs (``c`` itself where it has
+        no stage axis); None where its stages do not divide the layer groups x rounds or the
+        batch does not divide into micro-batches its batch axes split."""
+        s = c.stages
+        if s == 1:
+            return c
+        r = self.pipeline_repeats
+        if not self.groups or any(g % (s * r) for g in self.groups):
+            return None
+        m = microbatches_for(self.batch // self.accumulate, s, c.parts("batch"),
+                             self.pipeline_microbatches, r)
+        return None if m is None else dataclasses.replace(c, microbatches=m, repeats=r)
+
+    def stacks_for(self, c: Candidate | None) -> tuple[Stack, ...]:
+        """The stacks as ``c`` runs them: a pipeline forms its routing groups (and so its
+        capacity slots) within each of its micro-batches."""
+        if c is None or c.stages == 1:
+            return self.stacks
+        key = c.microbatches
+        cache = self.__dict__.setdefault("_stacks_by_microbatch", {})
+        if key not in cache:
+            cache[key] = stacks_of(self.cfg, self.lengths,
+                                   max(self.batch // self.accumulate // key, 1))
+        return cache[key]
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -102,9 +153,6 @@ class Model:
             return self.stacks[-1].length
         return next((s.length for s in self.stacks if s.name == w.stack), self.stacks[-1].length)
 
-    def _stack(self, w: Weight) -> Stack:
-        return next((s for s in self.stacks if s.name == w.stack), self.stacks[-1])
-
     def forward_flops(self, c: Candidate | None = None, computed: bool = False) -> float:
         """Matmul FLOPs of one forward pass over the step's batch: all devices' (``c`` None)
         or one device's under candidate ``c``. Experts count the slots served (``computed``:
@@ -113,23 +161,28 @@ class Model:
         seqs = self.batch / (c.parts("batch") if c else 1)
         batch_axes = set(c.axes("batch")) if c else set()
         sizes = dict(c.mesh) if c else {}
+        stacks = self.stacks_for(c)
+        # a pipeline: each device runs its stage's layers (1 / S) for R M + S - 1 iterations
+        layered = (c.bubble / c.stages) if c else 1.0
         flops = 0.0
-        for w in self.weights:
+        for w in self._merged:
             if w.role == "none":
                 continue
-            own = {a for d in set(w.dims) if d in DIMS for a in c.axes(d)} if c else set()
+            own = {a for d in set(w.dims) if d in SPLIT for a in c.axes(d)} if c else set()
             per_token = 2 * w.elements / math.prod(sizes[a] for a in own - batch_axes)
+            if c and "layers" in w.dims:
+                per_token *= c.bubble           # the stage axis is in ``own``: / S already
             if w.role == "expert":
-                s = self._stack(w)
+                s = next((s for s in stacks if s.name == w.stack), stacks[-1])
                 per_token *= (s.computed if computed else s.served) / cfg.moe.num_experts
             flops += per_token * seqs * self._length(w)
         heads = cfg.num_heads * cfg.d_kv / (c.parts("heads") if c else 1)
-        enc = self.stacks[0] if len(self.stacks) == 2 else None
-        for s in self.stacks:   # scores and weighted values: 4 Lq Lk H K per attention
+        enc = stacks[0] if len(stacks) == 2 else None
+        for s in stacks:        # scores and weighted values: 4 Lq Lk H K per attention
             keys = [s.length] + ([enc.length] if enc and s is not enc else [])
-            flops += s.layers * sum(4 * s.length * k * heads for k in keys) * seqs
-        for s in self.stacks if computed and cfg.moe else ():
-            tokens = s.sparse_layers * seqs * s.length
+            flops += layered * s.layers * sum(4 * s.length * k * heads for k in keys) * seqs
+        for s in stacks if computed and cfg.moe else ():
+            tokens = layered * s.sparse_layers * seqs * s.length
             if s.dispatch == "einsum":        # one-hot masks: 2 N (E C) D per group each way
                 flops += 2 * 2 * tokens * s.group * s.computed * cfg.d_model
             elif s.dispatch == "index" and not cfg.moe.experts_choose(s.name == "encoder"):
@@ -148,12 +201,31 @@ class Model:
         total = 0.0
         bparts = c.parts("batch")
         grads = 2 if self.accumulate > 1 else 1       # + the accumulated sum
-        for w in self.weights:
-            parts = math.prod(c.parts(d) for d in set(w.dims) if d in DIMS and d != "batch")
-            weights = 4 * w.elements / parts
+        for dims, elements in self._elements_by_split.items():    # a pipeline's stacked
+            parts = math.prod(c.parts(d) for d in dims)            # parameters: / S ('layers')
+            weights = 4 * elements / parts
             total += (1 + grads) * weights + weights * self.opt_per_param / (
                 bparts if self.shard_update else 1)
         return int(total)
+
+    @functools.cached_property
+    def _merged(self) -> list[Weight]:
+        """The weights merged where the estimate cannot tell them apart (one stack, one role,
+        the same dims a layout may split): fewer terms to sum per candidate."""
+        out: dict[tuple, int] = {}
+        for w in self.weights:
+            key = (w.stack, w.role, tuple(sorted(d for d in set(w.dims) if d in SPLIT)))
+            out[key] = out.get(key, 0) + w.elements
+        return [Weight(stack, role, dims, n) for (stack, role, dims), n in out.items()]
+
+    @functools.cached_property
+    def _elements_by_split(self) -> dict[tuple[str, ...], int]:
+        """Parameter elements by the dims a layout may split them on (batch aside)."""
+        out: dict[tuple[str, ...], int] = {}
+        for w in self.weights:
+            dims = tuple(sorted(d for d in set(w.dims) if d in SPLIT and d != "batch"))
+            out[dims] = out.get(dims, 0) + w.elements
+        return out
 
     def activation_bytes(self, c: Candidate) -> int:
         cfg, b = self.cfg, self.batch / c.parts("batch") / self.accumulate
@@ -161,6 +233,8 @@ class Model:
         ff = cfg.d_ff / c.parts("d_ff")
         if cfg.moe:
             ff = max(ff, cfg.moe.train_capacity_factor * cfg.d_ff / c.parts("d_ff"))
+        if c.stages > 1:
+            return int(self._pipelined_activations(c, b, heads, ff))
         total = 0.0
         for s in self.stacks:
             t = b * s.length
@@ -170,6 +244,32 @@ class Model:
             total += s.layers * saved + full
         logits = b * self.stacks[-1].length * cfg.vocab_size / c.parts("vocab") * 4 * 3
         return int(total + logits)
+
+    def _pipelined_activations(self, c: Candidate, b: float, heads: float, ff: float) -> float:
+        """A pipelined step's activations per device (``b`` sequences of the step, or of one
+        accumulation micro-batch, per device): what each of the stage's layers saves for the
+        backward pass, for every micro-batch in flight, bubble iterations included (S-th of the
+        layers x f = (R M + S - 1) / (R M) of the batch), one layer's working set for one
+        micro-batch, the stage's inputs and outputs of every iteration (and a decoder's encoder
+        output and masks), and the logits, which every stage computes for its batch rows."""
+        cfg, act = self.cfg, self.act_bytes
+        mb = b / c.microbatches
+        flight = c.bubble * c.repeats * b          # rows over the iterations: I x mb
+        enc = self.stacks[0] if len(self.stacks) == 2 else None
+        total = 0.0
+        for s in self.stacks:
+            full = mb * s.length * (4 * cfg.d_model + 4 * heads + 2 * cfg.num_heads
+                                    / c.parts("heads") * s.length + 2 * ff) * act
+            saved = (b * s.length * cfg.d_model * act if self.remat == "full"
+                     else full * c.microbatches)
+            total += s.layers / c.stages * c.bubble * saved + full
+            keys = s.length + (enc.length if enc and s is not enc else 0)
+            rows = s.length * (2 * cfg.d_model * act + keys)        # x in and out, masks
+            if enc and s is not enc:
+                rows += enc.length * cfg.d_model * act                # the encoder output
+            total += flight * rows
+        logits = b * self.stacks[-1].length * cfg.vocab_size / c.parts("vocab") * 4 * 3
+        return total + logits
 
     def collectives(self, c: Candidate, profile: hardware.Profile) -> list[hlo.Collective]:
         """The collectives the layout implies, by their sizes, each placed on hosts by its mesh
@@ -188,24 +288,50 @@ class Model:
             entry = found.setdefault((kind, live), [0.0, count])
             entry[0] += nbytes * count / entry[1]
 
-        for w in self.weights:
-            own = {a for d in set(w.dims) if d in DIMS for a in c.axes(d)}
-            parts = math.prod(c.parts(d) for d in set(w.dims) if d in DIMS and d != "batch")
+        stacked = 0.0
+        for w in self._merged:
+            own = {a for d in set(w.dims) if d in SPLIT for a in c.axes(d)}
+            parts = math.prod(c.parts(d) for d in set(w.dims) if d in SPLIT and d != "batch")
             add("all-reduce", batch_axes - own, 4 * w.elements / parts, 1)
+            if "layers" in w.dims:
+                stacked += 4 * w.elements / parts
         act = self.passes - 1                  # forward (+ recompute) and backward
         seqs = self.batch / c.parts("batch")
-        enc = self.stacks[0] if len(self.stacks) == 2 else None
-        for s in self.stacks:
-            tokens = seqs * s.length * cfg.d_model * self.act_bytes
+        stacks = self.stacks_for(c)
+        enc = stacks[0] if len(stacks) == 2 else None
+        # Pipelined: the layers' collectives run on the stage's layers (L = layers / (R S)
+        # per iteration) in each of I iterations, on one micro-batch (seqs / M) each.
+        S, I = c.stages, c.iterations
+        M = c.microbatches if S > 1 else 1
+        per = (lambda layers: layers * I // (c.repeats * S)) if S > 1 else (lambda layers: layers)
+        for s in stacks:
+            tokens = seqs / M * s.length * cfg.d_model * self.act_bytes
             attentions = 2 if enc and s is not enc else 1
-            add("all-reduce", c.axes("heads"), tokens, act * s.layers * attentions)
-            add("all-reduce", c.axes("d_ff"), tokens, act * (s.layers - s.sparse_layers))
+            add("all-reduce", c.axes("heads"), tokens, act * per(s.layers) * attentions)
+            add("all-reduce", c.axes("d_ff"), tokens, act * per(s.layers - s.sparse_layers))
             if cfg.moe and s.sparse_layers:
                 experts = set(c.axes("experts"))
                 add("all-to-all", experts & batch_axes, tokens * s.computed,
-                    2 * act * s.sparse_layers)                  # dispatch + combine
-                add("all-reduce", c.axes("d_ff"), tokens * s.computed, act * s.sparse_layers)
-                add("all-reduce", experts - batch_axes, tokens, act * s.sparse_layers)
+                    2 * act * per(s.sparse_layers))             # dispatch + combine
+                add("all-reduce", c.axes("d_ff"), tokens * s.computed,
+                    act * per(s.sparse_layers))
+                add("all-reduce", experts - batch_axes, tokens, act * per(s.sparse_layers))
+            if S > 1:
+                stage = c.axes("layers")
+                # per iteration, to the next stage: the activation and the rows that travel
+                # with it (masks as bytes, a decoder's encoder output); its gradient back, which
+                # XLA compiles as two permutes (a roll's transpose: the shift, and the
+                # wrap-around from stage 0 to the last), each of the whole buffer
+                keys = s.length + (enc.length if enc and s is not enc else 0)
+                rows = seqs / M * s.length * (keys + 1)
+                source = (seqs / M * enc.length * cfg.d_model * self.act_bytes
+                          if enc and s is not enc else 0.0)
+                add("collective-permute", stage, (3 * tokens + rows + 3 * source) / 3, 3 * I)
+                # the last stage's output to every stage (forward), the stage-0 input's
+                # gradient (backward; a decoder's encoder-output gradient with it)
+                add("all-reduce", stage, (2 * tokens + source) / 2, 2 * I)
+        if S > 1 and c.repeats > 1:            # stacked parameters into round-major blocks
+            add("all-to-all", c.axes("layers"), stacked, 2)         # and their gradients back
         out = []
         for (kind, axes), (nbytes, count) in found.items():
             where = hardware.placement(tuple(c.mesh), axes, profile.devices_per_host,
@@ -225,7 +351,7 @@ class Model:
     def simplicity(self, c: Candidate) -> tuple:
         """Tie-break: fewer split dimensions, then more on their usual axes."""
         return (sum(len(a) for _, a in c.rules),
-                -sum(HOME[d] in a for d, a in c.rules))
+                -sum(HOME.get(d) in a for d, a in c.rules))
 
 
 def stacks_of(cfg, lengths: tuple[int, ...], batch: int) -> tuple[Stack, ...]:
@@ -268,9 +394,13 @@ def weights_of(cfg) -> tuple[list[Weight], dict]:
     return out, params
 
 
-def analytic_model(config, cfg, optimizer, devices: int) -> Model:
-    """The estimate's view of a run config on ``devices`` devices."""
+def analytic_model(config, cfg, optimizer, devices: int, microbatches: int | None = None,
+                   repeats: int | None = None) -> Model:
+    """The estimate's view of a run config on ``devices`` devices; a pipelined candidate's
+    micro-batches (0: 4 x stages, or fewer as the batch allows) and rounds are ``microbatches``
+    and ``repeats`` (None: the config's pipeline_microbatches and pipeline_repeats)."""
     import jax
+    from switchzoo import scanned
     weights, params = weights_of(cfg)
     opt = jax.eval_shape(optimizer.init, params)
     opt_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(opt)
@@ -280,4 +410,8 @@ def analytic_model(config, cfg, optimizer, devices: int) -> Model:
     accumulate = max(config.grad_accum_steps, 1)
     return Model(cfg, weights, stacks_of(cfg, run_lengths(config, cfg), batch // accumulate),
                  opt_bytes / param_bytes, bool(config.shard_optimizer_over_data), batch,
-                 2 if cfg.dtype == "bfloat16" else 4, cfg.remat, accumulate)
+                 2 if cfg.dtype == "bfloat16" else 4, cfg.remat, accumulate,
+                 tuple(scanned.groups(cfg).values()) if cfg.scan_layers else (),
+                 config.get("pipeline_microbatches", 0) if microbatches is None
+                 else microbatches,
+                 config.get("pipeline_repeats", 1) if repeats is None else repeats)
