@@ -20,9 +20,9 @@ round-major blocks: one all-to-all of the stack's parameters over the stage axis
 of their gradients back.
 
 An encoder-decoder pipelines each stack in turn over the same stages: the encoder's micro-batches
-flow through, its output is reassembled and normed as in an unpipelined step, and the decoder's
-pipeline gives each stage the encoder output of the micro-batch it is running (every decoder
-layer's cross-attention reads it), so the encoder output reaches every stage once per step.
+flow through, its output is reassembled and normed as in an unpipelined step, and in the
+decoder's pipeline each micro-batch carries its encoder output along from stage to stage (every
+decoder layer's cross-attention reads it): one more activation-sized send per hand-over.
 
 Micro-batch m holds batch rows m, m + M, m + 2M, ... (strided, as gradient accumulation's), so
 each has rows on every device that holds the batch and cutting the batch moves no data. Routing
@@ -33,6 +33,10 @@ means weighted by routed tokens); where groups span rows, they are other groups 
 size.
 Dropout draws its masks per micro-batch, so with dropout the pipelined and unpipelined steps are
 the same model with other masks.
+
+Known cost (docs/layout_search_pipeline.md): GSPMD keeps the gradient of the stages' weights,
+accumulated over the loop's iterations, replicated over the batch axes, so it is all-reduced
+over them in every iteration of the backward loop rather than once per step.
 """
 from __future__ import annotations
 
