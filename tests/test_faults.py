@@ -36,8 +36,12 @@ def wait_for(condition, proc=None, what=""):
 
 
 def start(workdir, steps, every):
+    """train.py as a person at a terminal starts it: with Ctrl-C's default action, whatever
+    the test session inherited (a background or nohup'd session ignores SIGINT, and train.py
+    keeps an ignored signal ignored)."""
     return subprocess.Popen(command(workdir, steps, every), cwd=ROOT, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def run(argv, code):
