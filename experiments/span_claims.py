@@ -59,8 +59,9 @@ def study(args) -> harness.Study:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
-    harness.plot_curves(result, path, {"span corruption: dense vs Switch-8, two seeds":
-                                       [r.name for r in RUNS]})
+    seeds = len({run.get("seed") for run in result["runs"].values()})
+    title = f"span corruption: dense vs Switch-8, {seeds} seed{'s' if seeds > 1 else ''}"
+    harness.plot_curves(result, path, {title: [r.name for r in RUNS]})
 
 
 def main(argv=None) -> int:
