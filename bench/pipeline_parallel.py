@@ -34,27 +34,12 @@ SCHEDULES = [(1, 1, 1), (2, 2, 1), (2, 8, 1), (4, 4, 1), (4, 16, 1), (8, 8, 1), 
              (2, 8, 2), (4, 16, 2)]                      # (stages, micro-batches, rounds)
 
 
-def layer_flops(text: str) -> int:
-    """Matmul FLOPs per device of the dots that run in loops (the scanned or pipelined layers;
-    the head, loss and optimizer run once per step here), loop trip counts multiplied in."""
-    from switchzoo.layout import hlo
-    comps, entry = hlo._parse(text)
-    times = hlo._multiplicities(comps, entry)
-    total = 0
-    for name, comp in comps.items():
-        if times.get(name, 0) < 2:
-            continue
-        shapes = {n: s for n, s, _, _ in comp.instructions}
-        total += times[name] * sum(hlo._dot_flops(shape, rest, shapes)
-                                   for _, shape, op, rest in comp.instructions if op == "dot")
-    return total
-
-
 def compile_step(cfg, mesh: str, layout: str, batch: int, length: int, devices):
     import jax
     import numpy as np
 
     from switchzoo import inspector, state as state_lib, steps
+    from switchzoo.layout import hlo
     setup = state_lib.setup(cfg, layout, mesh, devices=devices, optimizer="adafactor")
     fake = {k: jax.ShapeDtypeStruct((batch, length), dt) for k, dt in
             (("inputs", np.int32), ("targets", np.int32), ("weights", np.float32))}
@@ -66,7 +51,7 @@ def compile_step(cfg, mesh: str, layout: str, batch: int, length: int, devices):
             "opt_bytes_per_device": per_device(setup.abstract.opt_state,
                                                setup.shardings.opt_state),
             "temp_bytes_per_device": inspector.memory_stats(compiled)["temp_bytes"],
-            "layer_flops_per_device": layer_flops(compiled.as_text()),
+            "layer_flops_per_device": hlo.loop_flops(compiled.as_text()),
             "compile_seconds": round(seconds, 2)}
 
 

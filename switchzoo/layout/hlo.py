@@ -217,3 +217,18 @@ def read(text: str, mesh_shape: dict[str, int], devices_per_host: int | None = N
             found[(kind, nbytes, size, group_axes(groups, mesh_shape), hosts)] += k
     return Program([Collective(kind, b, g, axes, hosts, count)
                     for (kind, b, g, axes, hosts), count in sorted(found.items())], flops)
+
+
+def loop_flops(text: str) -> int:
+    """Matmul FLOPs per device of the dots that run more than once per step (in loops: a
+    scanned or pipelined stack), loop trip counts multiplied in."""
+    comps, entry = _parse(text)
+    times = _multiplicities(comps, entry)
+    total = 0
+    for name, comp in comps.items():
+        if times.get(name, 0) < 2:
+            continue
+        shapes = {n: s for n, s, _, _ in comp.instructions}
+        total += times[name] * sum(_dot_flops(shape, rest, shapes)
+                                   for _, shape, op, rest in comp.instructions if op == "dot")
+    return total
