@@ -33,11 +33,12 @@ from common import Step
 from gpu_cases import SIZES, Record, gpu
 
 HERE = Path(__file__).resolve().parent
-# name -> seconds it may take at full size (in this order, while the budget lasts)
-LIMITS = {"environment": 45, "train_dense": 75, "train_switch_index": 75,
-          "train_dropless_8": 75, "attention": 60, "grouped_matmul": 45, "peer": 90,
-          "switch_base_8": 120, "profile": 60, "train_switch_einsum": 75,
-          "train_dropless_64": 75}
+# name -> seconds it may take at full size (in this order, while the budget lasts). Seen on
+# one H100 (jax 0.11.2, 2026-11-27, --no-xla-flops): environment 10 s, train_dense 60 s,
+# switch_base_8 118 s, profile 30 s; attention passed 60 s and peer 90 s unfinished.
+LIMITS = {"environment": 45, "train_dense": 75, "train_switch_index": 75, "switch_base_8": 150,
+          "attention": 90, "peer": 150, "train_dropless_8": 75, "grouped_matmul": 60,
+          "profile": 60, "train_switch_einsum": 75, "train_dropless_64": 75}
 SMOKE_LIMIT = 240          # per case with --smoke (a shared 2-core CPU)
 MIN_START = 20             # seconds a case needs to be worth starting
 ENV = {"peer": {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"}}
@@ -211,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--smoke", action="store_true", help="toy sizes, any backend: checks the script")
     a("--loss-chunk", type=int, default=0, help="train steps' loss_chunk (0: the default)")
     a("--no-scan", action="store_true", help="unrolled layers (default: scan_layers)")
+    a("--no-xla-flops", action="store_true",
+      help="skip XLA's FLOP count of scanned train steps (it is lowered for the CPU, so "
+           "bench/flops.py gives the same count on any machine)")
     a("--case", help=argparse.SUPPRESS)          # the child: run this one case
     return p
 
@@ -278,7 +282,8 @@ def main(argv=None) -> dict:
         result["unsupported"] = unsupported(result["cases"])
         path.write_text(json.dumps(result, indent=1, default=str) + "\n")
 
-    flags = (["--smoke"] if args.smoke else []) + (["--no-scan"] if args.no_scan else []) + [
+    flags = (["--smoke"] if args.smoke else []) + (["--no-scan"] if args.no_scan else []) + (
+        ["--no-xla-flops"] if args.no_xla_flops else []) + [
         "--loss-chunk", str(args.loss_chunk)]
     for name in names:
         left = args.budget - (time.monotonic() - start)

@@ -59,6 +59,12 @@ class Unsupported(Exception):
     """An option this tree does not have (yet)."""
 
 
+def partial(rec, key):
+    """A callback that keeps a part's measurements so far in ``rec[key]`` (status "partial"),
+    so a time limit or a later failure does not lose them."""
+    return lambda out: rec.__setitem__(key, {"status": "partial", **out})
+
+
 class Record(dict):
     """The case's results, written to ``path`` after every change."""
 
@@ -79,7 +85,8 @@ class Record(dict):
             out = {"status": "unsupported", "reason": str(e)}
         except Exception as e:                    # noqa: BLE001 -- recorded, the case goes on
             traceback.print_exc()
-            out = {"status": "error", "error": f"{type(e).__name__}: {e}"[:3000]}
+            kept = {k: v for k, v in self.get(key, {}).items() if k != "status"}
+            out = {**kept, "status": "error", "error": f"{type(e).__name__}: {e}"[:3000]}
         self[key] = {**out, "seconds": round(time.perf_counter() - start, 2)}
         gc.collect()
         return out
@@ -279,15 +286,16 @@ def train_config(z, model: str, remat: str = "none", scan: bool = True):
 
 
 def unrolled_flops(cfg, batch: int, length: int, **kw) -> float:
-    """XLA's FLOPs of the train step of ``cfg`` with its layers unrolled, from the lowered
-    program (abstract state, no compile): within ~2% of the compiled step's count."""
+    """XLA's FLOPs of the train step of ``cfg`` with its layers unrolled, from the program
+    lowered for the CPU (abstract state, no compile; CUDA's lowered programs have no cost
+    analysis in jax 0.11): within ~2% of the compiled step's count."""
     import jax
     import jax.numpy as jnp
 
     from switchzoo import state as state_lib
     from switchzoo import steps
     setup = state_lib.setup(replace(cfg, scan_layers=False), "data_parallel", "data:1",
-                            devices=jax.devices()[:1], optimizer="adamw")
+                            devices=jax.devices("cpu")[:1], optimizer="adamw")
     ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
     data = {"inputs": ids, "targets": ids,
             "weights": jax.ShapeDtypeStruct((batch, length), jnp.float32)}
@@ -296,8 +304,10 @@ def unrolled_flops(cfg, batch: int, length: int, **kw) -> float:
     return float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
 
 
-def measure_step(cfg, batch, length, repeats, loss_chunk=0, extra=None) -> dict:
-    """Compile and time the real train step (bench/common.Step) on one device."""
+def measure_step(cfg, batch, length, repeats, loss_chunk=0, extra=None, record=None,
+                 xla_flops=True) -> dict:
+    """Compile and time the real train step (bench/common.Step) on one device; ``record``
+    (if given) gets the timing as soon as it is measured."""
     import inspect
 
     import jax
@@ -311,18 +321,31 @@ def measure_step(cfg, batch, length, repeats, loss_chunk=0, extra=None) -> dict:
     step = Step(cfg, "data:1", "data_parallel", batch, length, jax.devices()[:1], **kw)
     step.run(1)
     seconds = step.time(repeats=repeats, warmup=0)
+    step_flops = None if cfg.scan_layers else step.cost_flops()
     hand = 3 * zoo.flops_per_token(cfg, seq_len=length) * step.tokens()
-    if cfg.scan_layers:      # XLA counts a loop's body once: count the unrolled step instead
-        xla, source = unrolled_flops(cfg, batch, length, **kw), "unrolled step, lowered HLO"
-    else:
-        xla, source = step.cost_flops(), "compiled step"
-    out = {"compile_s": round(step.compile_s, 2), "step_s": seconds,
-           "tokens_per_s": step.tokens() / seconds, "flops_hand": hand, "flops_xla": xla,
-           "flops_xla_of": source, "xla_over_hand": xla / hand if hand else None,
-           "achieved_flops_per_s": hand / seconds, "memory": step.memory(), **(extra or {})}
     spec = SPEC_BF16_FLOPS.get(jax.devices()[0].device_kind)
-    out["mfu_spec"] = hand / seconds / spec if spec else None
+    out = {"compile_s": round(step.compile_s, 2), "step_s": seconds,
+           "tokens_per_s": step.tokens() / seconds, "flops_hand": hand,
+           "achieved_flops_per_s": hand / seconds,
+           "mfu_spec": hand / seconds / spec if spec else None, **(extra or {})}
+    if record is not None:        # the timing survives whatever fails below
+        record(out)
+    try:
+        out["memory"] = step.memory()
+    except Exception as e:                    # noqa: BLE001
+        out["memory_error"] = f"{type(e).__name__}: {e}"[:500]
     del step
+    if not xla_flops:
+        return out
+    try:
+        if cfg.scan_layers:  # XLA counts a loop's body once: count the unrolled step instead
+            xla = unrolled_flops(cfg, batch, length, **kw)
+            source = "unrolled step, HLO lowered for the CPU"
+        else:
+            xla, source = step_flops, "compiled step"
+        out.update(flops_xla=xla, flops_xla_of=source, xla_over_hand=xla / hand)
+    except Exception as e:                    # noqa: BLE001 -- the count is recorded as missing
+        out["flops_xla_error"] = f"{type(e).__name__}: {e}"[:500]
     return out
 
 
@@ -341,7 +364,9 @@ def train(model: str):
                     extra["grouped_matmul"] = dropless.resolve(
                         "auto", t.batch * t.length, t.d_model, t.d_ff, cfg.moe.num_experts,
                         "bfloat16")
-                return measure_step(cfg, t.batch, t.length, t.repeats, args.loss_chunk, extra)
+                return measure_step(cfg, t.batch, t.length, t.repeats, args.loss_chunk, extra,
+                                    record=partial(rec, f"remat_{remat}"),
+                                    xla_flops=not args.no_xla_flops)
             rec.part(f"remat_{remat}", one)
     return case
 
@@ -359,8 +384,9 @@ def switch_base_8(rec, z, args):
                      "scan_layers": not args.no_scan}
     for remat in ("none", "minimal", "full"):
         out = rec.part(f"remat_{remat}", lambda remat=remat: measure_step(
-            replace(cfg, remat=remat), b.batch, b.length, b.repeats, args.loss_chunk))
+            replace(cfg, remat=remat), b.batch, b.length, b.repeats, args.loss_chunk,
+            record=partial(rec, f"remat_{remat}"), xla_flops=not args.no_xla_flops))
         if remat == "none":
-            rec["fits_without_remat"] = out["status"] == "ok"
-        if out["status"] == "ok":
+            rec["fits_without_remat"] = "step_s" in rec[f"remat_{remat}"]
+        if "step_s" in rec[f"remat_{remat}"]:
             break
