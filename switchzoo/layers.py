@@ -4,8 +4,10 @@ parameter carries ``dims`` metadata from switchzoo.dims; key activations are pin
 ``layout.constrain``. Shapes live in the suffixes (``x_BLD``)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
 from typing import NamedTuple
 
 import jax
@@ -32,13 +34,77 @@ _TRUNCATED_STD = 0.87962566103423978
 def param(rngs: nnx.Rngs, std: float, shape, dims, dtype=jnp.float32,
           truncated: bool = False) -> nnx.Param:
     """A normal(0, std) parameter annotated with its logical dims; ``truncated``: drawn from a
-    normal truncated at two standard deviations, rescaled so that its std is still ``std``."""
+    normal truncated at two standard deviations, rescaled so that its std is still ``std``.
+    Inside ``drawing`` the draw is recorded, or taken from the draws made beforehand."""
     key = _next_key(rngs.params)
-    if truncated:
-        value = std / _TRUNCATED_STD * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
+    plan = getattr(_PLAN, "current", None)
+    if plan is not None and plan.record is not None:
+        plan.record.append(Draw(tuple(shape), jnp.dtype(dtype), std, truncated))
+    if plan is not None and plan.supply is not None:
+        value = next(plan.supply)
+        assert value.shape == tuple(shape) and value.dtype == dtype, (value.shape, shape)
     else:
-        value = std * jax.random.normal(key, shape, dtype)
+        value = _draw(key, std, shape, dtype, truncated)
     return nnx.Param(value, dims=dims_lib.check(tuple(dims), f"parameter {shape}"))
+
+
+def _draw(key, std, shape, dtype, truncated):
+    if truncated:
+        return std / _TRUNCATED_STD * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
+    return std * jax.random.normal(key, shape, dtype)
+
+
+# ------------------------------------------------------------------ batched parameter draws
+
+class Draw(NamedTuple):
+    """One ``param`` call's draw, in the order the model's constructors make them."""
+    shape: tuple
+    dtype: object
+    std: float
+    truncated: bool
+
+
+class _Plan(NamedTuple):
+    record: list | None
+    supply: object | None
+
+
+_PLAN = threading.local()
+
+
+@contextlib.contextmanager
+def drawing(record: list | None = None, supply=None):
+    """While active, ``param`` appends its Draw to ``record`` and/or takes its value from the
+    iterator ``supply`` instead of drawing it."""
+    before = getattr(_PLAN, "current", None)
+    _PLAN.current = _Plan(record, supply)
+    try:
+        yield
+    finally:
+        _PLAN.current = before
+
+
+def draw_all(draws: list[Draw], seed: int) -> list[jax.Array]:
+    """The values ``param`` draws for ``draws`` from ``nnx.Rngs(params=seed)`` (the i-th call
+    takes key fold_in(stream key, i)), made with one vmapped draw per (shape, dtype, kind)
+    instead of one per parameter: the same random bits in a smaller program (XLA inlines a
+    random-number generator per draw; with the tests' fast-compile flags a Switch model's
+    initialisation fell from 3.2 to 1.5 s of CPU)."""
+    base = nnx.Rngs(params=seed).params.key[...]
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(base, jnp.arange(len(draws)))
+    groups: dict[tuple, list[int]] = {}
+    for i, d in enumerate(draws):
+        groups.setdefault((d.shape, d.dtype, d.truncated), []).append(i)
+    out: list = [None] * len(draws)
+    for (shape, dtype, truncated), idx in groups.items():
+        scale = jnp.asarray([draws[i].std / (_TRUNCATED_STD if truncated else 1.0)
+                             for i in idx], dtype)
+        drawn = jax.vmap(lambda k, c: c * (
+            jax.random.truncated_normal(k, -2.0, 2.0, shape, dtype) if truncated
+            else jax.random.normal(k, shape, dtype)))(keys[jnp.asarray(idx)], scale)
+        for j, i in enumerate(idx):
+            out[i] = drawn[j]
+    return out
 
 
 class Init(NamedTuple):

@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from switchzoo import layout as layout_lib
-from switchzoo import pipeline, scanned, transformer, zoo
+from switchzoo import layers, pipeline, scanned, transformer, zoo
 from switchzoo.config import ModelConfig
 # The optimizers live in switchzoo.optim; re-exported, as the set-up and its callers use them.
 from switchzoo.optim import (BATCH_DIMS, SCHEDULES, batch_dims, bias_update,  # noqa: F401
@@ -160,10 +160,18 @@ class Setup:
         return TrainState(jnp.zeros((), jnp.int32), params, self.tx.init(params))
 
     def init(self):
-        """A fresh state (or parameters, without an optimizer), born in its shardings."""
+        """A fresh state (or parameters, without an optimizer), born in its shardings. The
+        parameters' random draws are batched (layers.draw_all): the weights
+        ``transformer.build(cfg, seed)`` draws, in a program that compiles faster."""
         cfg, seed = self.cfg, self.seed
-        return jax.jit(lambda: self._around(nnx.to_pure_dict(nnx.state(
-            transformer.build(cfg, seed)))), out_shardings=self.shardings)()
+        draws: list = []
+        with layers.drawing(record=draws):
+            nnx.eval_shape(lambda: transformer.build(cfg, seed))
+
+        def fresh():
+            with layers.drawing(supply=iter(layers.draw_all(draws, seed))):
+                return self._around(nnx.to_pure_dict(nnx.state(transformer.build(cfg, seed))))
+        return jax.jit(fresh, out_shardings=self.shardings)()
 
     def state_from(self, params):
         """The state at step 0 around ``params`` (e.g. loaded from Hugging Face)."""

@@ -134,3 +134,23 @@ def test_2d_preset_gathers_weights_before_the_matmuls_and_keeps_gradients_sharde
     # does this as all-reduce + slice; the GPU/TPU pipelines fuse it into a reduce-scatter.
     assert bwd["all-reduce"] + bwd["reduce-scatter"] >= 1
     assert bwd["all-gather"] == 2           # the weights again, for the backward matmuls
+
+
+@pytest.mark.parametrize("name", ["switch_base_tiny", "switch_tiny"])
+def test_a_set_up_initialises_the_weights_the_model_draws(name):
+    """Setup.init batches the parameters' random draws (layers.draw_all); each weight is still
+    the one transformer.build draws from its own key (to rounding: the tests compile without
+    LLVM's optimisations, which can round the batched and the single draw differently), and
+    the seed still decides them."""
+    cfg = zoo.get(name).replace(scan_layers=name == "switch_tiny")
+    setup = state_lib.setup(cfg, "dp_ep", "data:2,model:2,expert:2", seed=3)
+    got = jax.device_get(setup.init())
+    want = jax.device_get(jax.jit(lambda: nnx.to_pure_dict(nnx.state(transformer.build(cfg, 3))))())
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for path, a in jax.tree_util.tree_leaves_with_path(got):
+        b = functools.reduce(lambda t, k: t[k.key], path, want)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * max(1.0, float(np.abs(b).max())),
+                                   err_msg=jax.tree_util.keystr(path))
+    other = jax.device_get(state_lib.setup(cfg, "dp_ep", "data:2,model:2,expert:2",
+                                           seed=4).init())
+    assert not np.allclose(jax.tree.leaves(other)[-1], jax.tree.leaves(got)[-1])
