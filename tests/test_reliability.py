@@ -23,7 +23,10 @@ def command(workdir, steps, every):
             "--config.log_every_steps=1", f"--config.checkpoint_every_steps={every}",
             "--config.eval_every_steps=0", "--config.per_device_batch_size=4",
             "--config.max_length=32", "--config.data.vocab_size=300",
-            "--config.data.embedded_max_pairs=2000", f"--workdir={workdir}",
+            # 500 training pairs (a quicker tokenizer; the longer runs of tests/test_faults.py
+            # repeat them), and 16 held-out texts for its eval.py runs (not ~1,000)
+            "--config.data.embedded_max_pairs=500", "--config.data.max_eval_examples=16",
+            f"--workdir={workdir}",
             # the shipped corpus alone (~2 s less per fresh run than reading this machine's
             # gettext catalogues, which add no pair here; every run reads the same pairs)
             f"--config.data.locale_dir={pathlib.Path(workdir).parent / 'no-catalogues'}"]
@@ -101,28 +104,29 @@ def kill_at_a_random_moment(proc, workdir, rng, most=3):
 
 
 def test_sigkill_at_random_moments_resumes_from_committed_checkpoints(tmp_path):
-    # 24 steps: the three killed sittings log at most ~5 steps each (a few here); the final
+    # 16 steps: the two killed sittings log at most ~5 steps each (a few here); the final
     # sitting runs the rest, saving every step as the killed ones did (the same command).
     rng = random.Random(0)
     workdir = tmp_path / "run"
     resumed_from = []
-    proc = start_and_wait(workdir, 24, 1)
+    proc = start_and_wait(workdir, 16, 1)
     for kill in range(2):
         kill_at_a_random_moment(proc, workdir, rng)
         before = committed(workdir)
         assert before, "at least one checkpoint should have committed"
-        proc = start_and_wait(workdir, 24, 1)
+        if kill == 1:               # the last kill: the final sitting resumes and finishes
+            break
+        proc = start_and_wait(workdir, 16, 1)
         # It resumed from the newest checkpoint that had committed, not from a partial one.
         said = proc.stdout.readline()               # data: ..., then model ...: resuming
         said += proc.stdout.readline()
         assert f"resuming at step {max(before)}" in said, said
         resumed_from.append(max(before))
-    proc.kill()
-    proc.wait()
-    final = run(workdir, 24, 1)
-    assert "resuming at step" in final.stdout
+    final = run(workdir, 16, 1)
+    assert f"resuming at step {max(before)}" in final.stdout
+    resumed_from.append(max(before))
     assert not [p for p in (workdir / "checkpoints").iterdir() if not p.name.isdigit()]
-    assert max(committed(workdir)) == 24 and len(resumed_from) == 2
+    assert max(committed(workdir)) == 16 and len(resumed_from) == 2
 
 
 def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -135,7 +139,7 @@ def test_a_diverging_run_stops_naming_the_step_and_keeps_the_last_good_checkpoin
     config = mini.get_config("model=switch_tiny,steps=4")
     config.log_every_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 2, 0
     config.per_device_batch_size, config.max_length = 1, 32
-    config.data.vocab_size, config.data.embedded_max_pairs = 300, 2000
+    config.data.vocab_size, config.data.embedded_max_pairs = 300, 500
     config.data.locale_dir = str(tmp_path / "no-catalogues")          # the shipped corpus alone
     loop.train(config, tmp_path, print_fn=lambda *_: None)          # good steps 1..4
     good = {p: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").rglob("*")}

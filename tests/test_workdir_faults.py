@@ -16,7 +16,7 @@ from switchzoo.configs import mini
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 QUIET = lambda *_: None         # noqa: E731
 FIELDS = dict(per_device_batch_size=1, max_length=32, eval_every_steps=0,
-              checkpoint_every_steps=3, data__vocab_size=300, data__embedded_max_pairs=2000,
+              checkpoint_every_steps=3, data__vocab_size=300, data__embedded_max_pairs=500,
               data__max_eval_examples=16)
 
 
