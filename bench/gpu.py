@@ -215,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--no-xla-flops", action="store_true",
       help="skip XLA's FLOP count of scanned train steps (it is lowered for the CPU, so "
            "bench/flops.py gives the same count on any machine)")
+    a("--remats", default="", help="comma-separated remat policies of the train_* cases "
+      "(default: none and minimal, --smoke: none; train_dense both, the others' baseline)")
     a("--case", help=argparse.SUPPRESS)          # the child: run this one case
     return p
 
@@ -284,7 +286,7 @@ def main(argv=None) -> dict:
 
     flags = (["--smoke"] if args.smoke else []) + (["--no-scan"] if args.no_scan else []) + (
         ["--no-xla-flops"] if args.no_xla_flops else []) + [
-        "--loss-chunk", str(args.loss_chunk)]
+        "--loss-chunk", str(args.loss_chunk)] + (["--remats", args.remats] if args.remats else [])
     for name in names:
         left = args.budget - (time.monotonic() - start)
         limit = min(SMOKE_LIMIT if args.smoke else LIMITS[name], left)

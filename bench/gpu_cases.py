@@ -353,10 +353,13 @@ def train(model: str):
     def case(rec, z, args):
         from switchzoo import dropless
         t = z.train
-        rec["config"] = {**vars(t), "model": model, "dtype": "bfloat16", "optimizer": "adamw",
+        remats = (args.remats.split(",") if args.remats else
+                  t.remats if model != "dense" else ("none", "minimal"))
+        rec["config"] = {**vars(t), "remats": tuple(remats), "model": model, "dtype": "bfloat16",
+                         "optimizer": "adamw",
                          "scan_layers": not args.no_scan, "loss_chunk": args.loss_chunk,
                          "flops_hand": "3 x zoo.flops_per_token(cfg, seq_len=length) x tokens"}
-        for remat in t.remats if model != "dense" else ("none", "minimal"):
+        for remat in remats:
             def one(remat=remat):
                 cfg = train_config(z, model, remat, scan=not args.no_scan)
                 extra = {}

@@ -64,6 +64,8 @@ def main():
     p = parser(__doc__)
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--groups", default="64,128,256,512,1024,2048,4096",
+                   help="comma-separated routing group sizes of the dispatch layer")
     args = p.parse_args()
     from train_step import configs
     args.layers, args.vocab, args.group_size = 4, 8192, 256
@@ -73,7 +75,7 @@ def main():
     mem = step.memory()
     batch_bytes = sum(x.nbytes for x in step.data.values()) // 4      # split over data+expert
     xla_state = mem["argument_bytes"] - batch_bytes
-    groups = [64, 128, 256, 512, 1024, 2048, 4096]
+    groups = [int(g) for g in args.groups.split(",")]
     temp = {d: {g: dispatch_temp_bytes(d, g, args.tokens, args.d_model, 4 * args.d_model)
                 for g in groups} for d in ("einsum", "dropless")}
     ratio = round(measured["measured_max"] / measured["ideal"], 4)

@@ -131,8 +131,8 @@ def run_case(case: dict, args) -> dict:
     """Runs one dry run; returns the case with its report's summary or why it stopped."""
     import json
     cmd = command(case, args)
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={case['devices']}")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(
+        [f"--xla_force_host_platform_device_count={case['devices']}", *args.xla_flags.split()]))
     result = dict(case, command=" ".join(cmd[1:]))
     print(f"[pod] {case['case']}: {result['command']}", file=sys.stderr, flush=True)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -198,6 +198,8 @@ def add_step_arguments(p) -> None:
                    help="stop a case whose process grows past this many GiB")
     p.add_argument("--min-available-gb", type=float, default=2,
                    help="stop a case when the machine has less than this many GiB available")
+    p.add_argument("--xla-flags", default="", help="more XLA_FLAGS for each case's process "
+                   "(e.g. a test's --xla_backend_optimization_level=0)")
 
 
 def step_config(args) -> dict:
@@ -206,7 +208,8 @@ def step_config(args) -> dict:
             "scan_layers": not args.no_scan, "timeout_s": args.timeout,
             "catalogue_groups": args.catalogue_groups,
             "cpu_decompose_all_to_all": args.cpu_decompose_all_to_all,
-            "max_rss_gb": args.max_rss_gb}
+            "max_rss_gb": args.max_rss_gb,
+            **({"xla_flags": args.xla_flags} if args.xla_flags else {})}
 
 
 def main(argv=None) -> int:

@@ -22,13 +22,22 @@ def run(script, *flags, tmp_path):
     return result
 
 
+# The cases the assertions compare (dense on 1 and 8 devices, index and einsum dispatch on 1)
+# and one Switch step on 8 devices, so that the 8-device goals are computed too. The other
+# three are the same bench code on other configs (the dropless and index dispatches under
+# expert parallelism: tests/test_dropless.py, tests/test_index_dispatch.py).
+CASES = ("dense_1", "switch_index_1", "switch_einsum_1", "dense_8", "switch_einsum_8")
+
+
 def test_train_step_bench(tmp_path):
     r = run("train_step.py", "--d-model", "64", "--layers", "2", "--vocab", "512", "--batch",
             "8", "--length", "32", "--group-size", "32", "--repeats", "1", "--compiles", "1",
-            tmp_path=tmp_path)
-    assert set(r["cases"]) == {f"{m}_{n}" for m in ("dense", "switch_index", "switch_einsum",
-                                                          "switch_dropless")
-                               for n in (1, 8)}
+            "--cases", ",".join(CASES), "--peak-size", "256", tmp_path=tmp_path)
+    assert set(r["cases"]) == set(CASES)
+    assert set(r["goals"]) == {"moe_overhead_1_device_index", "moe_overhead_1_device_einsum",
+                               "moe_overhead_8_devices_einsum", "flops_fraction_of_peak_dense_1",
+                               "flops_fraction_of_peak_switch_1",
+                               "compile_8_over_1_devices_einsum"}
     # The hand count (3 x forward matmul FLOPs) against XLA's own count of the dense step.
     assert 0.9 < r["hand_over_cost_analysis_flops"]["dense_1"] < 1.1
     assert 0.9 < r["hand_over_cost_analysis_flops"]["dense_8"] < 1.1
@@ -39,7 +48,9 @@ def test_train_step_bench(tmp_path):
 
 
 def test_memory_bench(tmp_path):
-    r = run("memory.py", "--d-model", "128", "--tokens", "1024", tmp_path=tmp_path)
+    # the two ends of the default group sizes: the comparison below needs no more
+    r = run("memory.py", "--d-model", "128", "--tokens", "1024", "--groups", "64,4096",
+            tmp_path=tmp_path)
     state = r["state_bytes"]
     assert state["measured_max"] == state["ideal"] == state["measured_min"]
     assert abs(state["xla_argument_minus_batch"] - state["ideal"]) <= 8   # the step counter

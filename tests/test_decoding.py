@@ -36,13 +36,14 @@ def checkpoint(request, tmp_path_factory):
 
 
 def uncached_greedy(model, src, mask, steps):
-    """Recomputes the whole prefix each step. The decoder input has a fixed length (one
-    compile); positions past the prefix are masked padding, which causal attention cannot see
-    and routing skips."""
+    """Recomputes the whole prefix each step. The decoder input has a fixed length, ``steps``
+    (one compile, shared with test_beam_search's scoring of as many tokens: the last token is
+    read off the logits of the one before); positions past the prefix are masked padding,
+    which causal attention cannot see and routing skips."""
     dec = np.zeros((src.shape[0], steps + 1), np.int32)
     for t in range(steps):
-        dec_mask = (np.arange(steps + 1) <= t)[None].repeat(src.shape[0], 0).astype(np.int32)
-        logits = np.asarray(model(src, attention_mask=mask, decoder_input_ids=dec,
+        dec_mask = (np.arange(steps) <= t)[None].repeat(src.shape[0], 0).astype(np.int32)
+        logits = np.asarray(model(src, attention_mask=mask, decoder_input_ids=dec[:, :steps],
                                   decoder_attention_mask=dec_mask))
         dec[:, t + 1] = logits[:, t].argmax(-1)
     return dec

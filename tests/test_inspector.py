@@ -1,4 +1,5 @@
 """The layout inspector's numbers against arithmetic, and its command line."""
+import functools
 import json
 import math
 import os
@@ -22,6 +23,13 @@ HLO = """
 """
 
 
+@functools.lru_cache
+def inspect_step(*args, **kwargs) -> dict:
+    """inspector.inspect, once per set of arguments in this module: a report (which the tests
+    only read) compiles the train step, and two tests read the same expert-parallel one."""
+    return inspector.inspect(*args, **kwargs)
+
+
 def test_collective_counting_reads_tuples_and_async_pairs_once():
     assert inspector.count_collectives(HLO) == {
         "all-to-all": 1, "all-reduce": 1, "all-gather": 1, "reduce-scatter": 0,
@@ -34,7 +42,7 @@ def test_collective_counting_reads_tuples_and_async_pairs_once():
     ("data:2,model:2,expert:2", "dp_mp_ep", 2),
 ])
 def test_expert_axis_of_size_n_holds_one_nth_of_every_expert_weight(mesh, preset, n):
-    report = inspector.inspect("switch_tiny", mesh, preset)
+    report = inspect_step("switch_tiny", mesh, preset, batch_size=8, length=32)
     experts = [t for t in report["tensors"] if "experts" in t["dims"]]
     assert len(experts) == 3 * 2          # router, wi, wo in two sparse layers
     for t in experts:
@@ -88,8 +96,8 @@ def test_encoder_decoder_models_inspect_and_their_dispatch_is_all_to_all():
 
 
 def test_memory_analysis_of_the_compiled_step_is_reported_per_device():
-    report = inspector.inspect("switch_tiny", "expert:8", "expert_parallel", batch_size=8,
-                               length=32)
+    report = inspect_step("switch_tiny", "expert:8", "expert_parallel", batch_size=8,
+                          length=32)
     m = report["memory"]
     for key in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes",
                 "peak_estimate_bytes"):
@@ -116,7 +124,8 @@ def test_devices_flag_reruns_on_that_many_simulated_devices(capfd):
 def test_pod_bench_runs_a_small_case_end_to_end(tmp_path):
     out = tmp_path / "pod.json"
     run = subprocess.run([sys.executable, "bench/pod.py", "--cases", "switch_tiny:4",
-                          "--length", "32", "--timeout", "120", "--out", str(out)],
+                          "--length", "32", "--timeout", "120", "--out", str(out),
+                          f"--xla-flags={FAST_COMPILE}"],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr
     result = json.loads(out.read_text())
