@@ -269,6 +269,11 @@ def main(argv=None) -> dict:
     if args.case:
         run_case(args)
         return {}
+    from switchzoo.config import REMAT
+    bad = sorted(set(filter(None, args.remats.split(","))) - set(REMAT))
+    if bad:
+        sys.exit(f"error: unknown remat polic(ies) {bad} in --remats; choose from "
+                 f"{', '.join(REMAT)}")
     names = [n for n in args.only.split(",") if n] or list(LIMITS)
     unknown = sorted(set(names) - set(LIMITS))
     if unknown:

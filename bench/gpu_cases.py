@@ -321,7 +321,6 @@ def measure_step(cfg, batch, length, repeats, loss_chunk=0, extra=None, record=N
     step = Step(cfg, "data:1", "data_parallel", batch, length, jax.devices()[:1], **kw)
     step.run(1)
     seconds = step.time(repeats=repeats, warmup=0)
-    step_flops = None if cfg.scan_layers else step.cost_flops()
     hand = 3 * zoo.flops_per_token(cfg, seq_len=length) * step.tokens()
     spec = SPEC_BF16_FLOPS.get(jax.devices()[0].device_kind)
     out = {"compile_s": round(step.compile_s, 2), "step_s": seconds,
@@ -334,18 +333,17 @@ def measure_step(cfg, batch, length, repeats, loss_chunk=0, extra=None, record=N
         out["memory"] = step.memory()
     except Exception as e:                    # noqa: BLE001
         out["memory_error"] = f"{type(e).__name__}: {e}"[:500]
-    del step
-    if not xla_flops:
-        return out
     try:
-        if cfg.scan_layers:  # XLA counts a loop's body once: count the unrolled step instead
-            xla = unrolled_flops(cfg, batch, length, **kw)
-            source = "unrolled step, HLO lowered for the CPU"
-        else:
-            xla, source = step_flops, "compiled step"
-        out.update(flops_xla=xla, flops_xla_of=source, xla_over_hand=xla / hand)
+        if xla_flops and cfg.scan_layers:  # XLA counts a loop's body once: count it unrolled
+            out.update(flops_xla=unrolled_flops(cfg, batch, length, **kw),
+                       flops_xla_of="unrolled step, HLO lowered for the CPU")
+        elif xla_flops:
+            out.update(flops_xla=step.cost_flops(), flops_xla_of="compiled step")
     except Exception as e:                    # noqa: BLE001 -- the count is recorded as missing
         out["flops_xla_error"] = f"{type(e).__name__}: {e}"[:500]
+    if "flops_xla" in out:
+        out["xla_over_hand"] = out["flops_xla"] / hand
+    del step
     return out
 
 
@@ -390,7 +388,7 @@ def switch_base_8(rec, z, args):
                      "shrunk": b.shrink,
                      "scan_layers": not args.no_scan}
     for remat in ("none", "minimal", "full"):
-        out = rec.part(f"remat_{remat}", lambda remat=remat: measure_step(
+        rec.part(f"remat_{remat}", lambda remat=remat: measure_step(
             replace(cfg, remat=remat), b.batch, b.length, b.repeats, args.loss_chunk,
             record=partial(rec, f"remat_{remat}"), xla_flops=not args.no_xla_flops))
         if remat == "none":

@@ -75,7 +75,10 @@ def main():
     mem = step.memory()
     batch_bytes = sum(x.nbytes for x in step.data.values()) // 4      # split over data+expert
     xla_state = mem["argument_bytes"] - batch_bytes
-    groups = [int(g) for g in args.groups.split(",")]
+    try:
+        groups = [int(g) for g in args.groups.split(",")]
+    except ValueError:
+        p.error(f"--groups {args.groups!r}: give comma-separated integers, e.g. 64,4096")
     temp = {d: {g: dispatch_temp_bytes(d, g, args.tokens, args.d_model, 4 * args.d_model)
                 for g in groups} for d in ("einsum", "dropless")}
     ratio = round(measured["measured_max"] / measured["ideal"], 4)

@@ -4,10 +4,8 @@ parameter carries ``dims`` metadata from switchzoo.dims; key activations are pin
 ``layout.constrain``. Shapes live in the suffixes (``x_BLD``)."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import threading
 from typing import NamedTuple
 
 import jax
@@ -15,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from switchzoo import dims as dims_lib
+from switchzoo.draws import param
 from switchzoo.layout import constrain
 
 NEG_INF = -1e9
@@ -25,86 +23,6 @@ NEG_INF = -1e9
 # expert: mlp's). MaxText's minimal_with_context.
 MINIMAL_SAVED = ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi",
                  "mlpwi_0", "mlpwi_1", "mlpwo")
-
-
-# The std of a standard normal truncated to [-2, 2]: dividing by it keeps the asked-for std.
-_TRUNCATED_STD = 0.87962566103423978
-
-
-def param(rngs: nnx.Rngs, std: float, shape, dims, dtype=jnp.float32,
-          truncated: bool = False) -> nnx.Param:
-    """A normal(0, std) parameter annotated with its logical dims; ``truncated``: drawn from a
-    normal truncated at two standard deviations, rescaled so that its std is still ``std``.
-    Inside ``drawing`` the draw is recorded, or taken from the draws made beforehand."""
-    key = _next_key(rngs.params)
-    plan = getattr(_PLAN, "current", None)
-    if plan is not None and plan.record is not None:
-        plan.record.append(Draw(tuple(shape), jnp.dtype(dtype), std, truncated))
-    if plan is not None and plan.supply is not None:
-        value = next(plan.supply)
-        assert value.shape == tuple(shape) and value.dtype == dtype, (value.shape, shape)
-    else:
-        value = _draw(key, std, shape, dtype, truncated)
-    return nnx.Param(value, dims=dims_lib.check(tuple(dims), f"parameter {shape}"))
-
-
-def _draw(key, std, shape, dtype, truncated):
-    if truncated:
-        return std / _TRUNCATED_STD * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
-    return std * jax.random.normal(key, shape, dtype)
-
-
-# ------------------------------------------------------------------ batched parameter draws
-
-class Draw(NamedTuple):
-    """One ``param`` call's draw, in the order the model's constructors make them."""
-    shape: tuple
-    dtype: object
-    std: float
-    truncated: bool
-
-
-class _Plan(NamedTuple):
-    record: list | None
-    supply: object | None
-
-
-_PLAN = threading.local()
-
-
-@contextlib.contextmanager
-def drawing(record: list | None = None, supply=None):
-    """While active, ``param`` appends its Draw to ``record`` and/or takes its value from the
-    iterator ``supply`` instead of drawing it."""
-    before = getattr(_PLAN, "current", None)
-    _PLAN.current = _Plan(record, supply)
-    try:
-        yield
-    finally:
-        _PLAN.current = before
-
-
-def draw_all(draws: list[Draw], seed: int) -> list[jax.Array]:
-    """The values ``param`` draws for ``draws`` from ``nnx.Rngs(params=seed)`` (the i-th call
-    takes key fold_in(stream key, i)), made with one vmapped draw per (shape, dtype, kind)
-    instead of one per parameter: the same random bits in a smaller program (XLA inlines a
-    random-number generator per draw; with the tests' fast-compile flags a Switch model's
-    initialisation fell from 3.2 to 1.5 s of CPU)."""
-    base = nnx.Rngs(params=seed).params.key[...]
-    keys = jax.vmap(jax.random.fold_in, (None, 0))(base, jnp.arange(len(draws)))
-    groups: dict[tuple, list[int]] = {}
-    for i, d in enumerate(draws):
-        groups.setdefault((d.shape, d.dtype, d.truncated), []).append(i)
-    out: list = [None] * len(draws)
-    for (shape, dtype, truncated), idx in groups.items():
-        scale = jnp.asarray([draws[i].std / (_TRUNCATED_STD if truncated else 1.0)
-                             for i in idx], dtype)
-        drawn = jax.vmap(lambda k, c: c * (
-            jax.random.truncated_normal(k, -2.0, 2.0, shape, dtype) if truncated
-            else jax.random.normal(k, shape, dtype)))(keys[jnp.asarray(idx)], scale)
-        for j, i in enumerate(idx):
-            out[i] = drawn[j]
-    return out
 
 
 class Init(NamedTuple):
@@ -123,17 +41,6 @@ class Init(NamedTuple):
         ``extra``."""
         return param(rngs, (self.scale / fan_in) ** 0.5 * extra, shape, dims,
                      truncated=self.truncated)
-
-
-def _next_key(stream) -> jax.Array:
-    """``stream()`` (nnx's key for the stream's count, then count + 1), with the count written
-    whole: nnx's own ``count[...] += 1`` builds, under a trace (abstract models: eval_shape),
-    an error message it then discards, whose cost grows with the program traced so far, so a
-    model's abstract set-up was quadratic in its parameters (switch_xxl: 8.3 s, 5.2 s of it
-    this). The same keys, so the same weights."""
-    key = jax.random.fold_in(stream.key[...], stream.count[...])
-    stream.count.set_value(stream.count[...] + 1)
-    return key
 
 
 def dropout(x, rate: float, rng):

@@ -23,7 +23,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from switchzoo import layout as layout_lib
-from switchzoo import layers, pipeline, scanned, transformer, zoo
+from switchzoo import draws as draws_lib
+from switchzoo import pipeline, scanned, transformer, zoo
 from switchzoo.config import ModelConfig
 # The optimizers live in switchzoo.optim; re-exported, as the set-up and its callers use them.
 from switchzoo.optim import (BATCH_DIMS, SCHEDULES, batch_dims, bias_update,  # noqa: F401
@@ -46,9 +47,11 @@ def module_dims(module: nnx.Module) -> dict[str, tuple[str, ...]]:
             for path, v in nnx.to_flat_state(nnx.state(module))}
 
 
-def abstract_model(cfg: ModelConfig, seed: int = 0):
-    """(graphdef, abstract params as a pure dict, dims) without allocating anything."""
-    model = nnx.eval_shape(lambda: transformer.build(cfg, seed))
+def abstract_model(cfg: ModelConfig, seed: int = 0, record: list | None = None):
+    """(graphdef, abstract params as a pure dict, dims) without allocating anything;
+    ``record`` (a list) gets the parameters' random draws (draws.Draw), in order."""
+    with draws_lib.drawing(record=record):
+        model = nnx.eval_shape(lambda: transformer.build(cfg, seed))
     graphdef, state = nnx.split(model)
     return graphdef, nnx.to_pure_dict(state), module_dims(model)
 
@@ -140,6 +143,7 @@ class Setup:
     shardings: object
     tx: optax.GradientTransformation | None = None
     seed: int = 0
+    draws: tuple = ()          # the parameters' random draws (draws.Draw), as build makes them
 
     @property
     def mesh(self) -> jax.sharding.Mesh:
@@ -161,15 +165,14 @@ class Setup:
 
     def init(self):
         """A fresh state (or parameters, without an optimizer), born in its shardings. The
-        parameters' random draws are batched (layers.draw_all): the weights
+        parameters' random draws are batched (draws.draw_all): the weights
         ``transformer.build(cfg, seed)`` draws, in a program that compiles faster."""
-        cfg, seed = self.cfg, self.seed
-        draws: list = []
-        with layers.drawing(record=draws):
-            nnx.eval_shape(lambda: transformer.build(cfg, seed))
+        cfg, seed, draws = self.cfg, self.seed, list(self.draws)
+        if not draws:                                   # a Setup made without setup()
+            abstract_model(cfg, seed, record=draws)
 
         def fresh():
-            with layers.drawing(supply=iter(layers.draw_all(draws, seed))):
+            with draws_lib.drawing(supply=iter(draws_lib.draw_all(draws, seed))):
                 return self._around(nnx.to_pure_dict(nnx.state(transformer.build(cfg, seed))))
         return jax.jit(fresh, out_shardings=self.shardings)()
 
@@ -192,7 +195,8 @@ def setup(model: str | ModelConfig, layout: str | layout_lib.Layout | None = "da
         layout = make_layout(layout, mesh, devices)
     tx = make_optimizer(optimizer) if isinstance(optimizer, str) else optimizer
     pipeline.check(layout, cfg, scanned.groups(cfg))
-    graphdef, params, dims = abstract_model(cfg, seed)
+    draws: list = []
+    graphdef, params, dims = abstract_model(cfg, seed, record=draws)
     if tx is None:
         abstract = params
     else:
@@ -202,7 +206,7 @@ def setup(model: str | ModelConfig, layout: str | layout_lib.Layout | None = "da
         abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
                               jax.eval_shape(tx.init, params))
     shardings = tree_shardings(layout, abstract, dims, params, update_axis)
-    return Setup(cfg, layout, graphdef, dims, abstract, shardings, tx, seed)
+    return Setup(cfg, layout, graphdef, dims, abstract, shardings, tx, seed, tuple(draws))
 
 
 def make_layout(layout: str | None = "data_parallel", mesh=None,

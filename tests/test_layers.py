@@ -138,7 +138,7 @@ def test_2d_preset_gathers_weights_before_the_matmuls_and_keeps_gradients_sharde
 
 @pytest.mark.parametrize("name", ["switch_base_tiny", "switch_tiny"])
 def test_a_set_up_initialises_the_weights_the_model_draws(name):
-    """Setup.init batches the parameters' random draws (layers.draw_all); each weight is still
+    """Setup.init batches the parameters' random draws (draws.draw_all); each weight is still
     the one transformer.build draws from its own key (to rounding: the tests compile without
     LLVM's optimisations, which can round the batched and the single draw differently), and
     the seed still decides them."""
