@@ -34,10 +34,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache per test session (shared by the xdist workers and every
 # train.py process the tests start): the resume, preemption and multi-process tests compile the
 # same steps again in new processes, and load them from here instead. It only saves time: a
-# cache entry is the executable XLA would have built for the same program and devices.
+# cache entry is the executable XLA would have built for the same program and devices. Beside
+# it, the session's $SWITCHZOO_CACHE (what switchzoo.data.memo keeps: tokenizers trained on the
+# embedded corpus, harvested catalogues; the layout search's compiles), so nothing reaches the
+# machine's ~/.cache; a hit is the bytes a rebuild gives (tests/test_data.py checks).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:      # the first process of the session
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="switchzoo-test-jax-cache-")
-    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    _caches = tempfile.mkdtemp(prefix="switchzoo-test-caches-")
+    atexit.register(shutil.rmtree, _caches, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_caches, "jax")
+    os.environ.setdefault("SWITCHZOO_CACHE", os.path.join(_caches, "switchzoo"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # The train.py / eval.py processes the tests start run once, without re-running themselves for
 # glibc's huge pages (a second interpreter start per process, and THP compaction on the many

@@ -11,6 +11,7 @@ corpus it started with, whatever the machine.
 from __future__ import annotations
 
 import importlib.resources
+import json
 import lzma
 import pathlib
 import re
@@ -19,7 +20,7 @@ import zlib
 
 import polib
 
-from switchzoo.data import files
+from switchzoo.data import files, memo
 
 LOCALE_DIR = pathlib.Path("/usr/share/locale")
 MAX_CHARS = 200          # longer strings are help texts: many lines, option tables
@@ -59,9 +60,27 @@ def catalogues(lang: str, locale_dir: pathlib.Path = LOCALE_DIR) -> list[pathlib
 
 def harvest(lang: str, locale_dir: pathlib.Path = LOCALE_DIR) -> list[tuple[str, str]]:
     """Sorted, distinct (english, translation) pairs from this machine's catalogues of ``lang``
-    (none where it has none)."""
+    (none where it has none). Kept by the catalogues' paths, sizes and times
+    (switchzoo.data.memo)."""
+    paths = catalogues(lang, locale_dir)
+    stats = [(str(p), *_stat(p)) for p in paths]
+    key = memo.key_of([polib.__version__, MAX_CHARS, _PLACEHOLDER.pattern, _MNEMONIC.pattern, lang,
+                       *(x for s in stats for x in s)])
+    data = memo.bytes_of("catalogues", key, lambda: json.dumps(_harvest(paths)).encode())
+    return [tuple(pair) for pair in json.loads(data)]
+
+
+def _stat(path: pathlib.Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (-1, -1)
+    return st.st_size, st.st_mtime_ns
+
+
+def _harvest(paths: list[pathlib.Path]) -> list[tuple[str, str]]:
     pairs = set()
-    for path in catalogues(lang, locale_dir):
+    for path in paths:
         for english, translated in parse_mo(path):
             english, translated = clean(english), clean(translated)
             if english and translated:

@@ -18,6 +18,7 @@ from typing import Iterable
 import sentencepiece as spm
 
 from switchzoo import atomic
+from switchzoo.data import memo
 from switchzoo.data.span_corruption import NUM_SENTINELS
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -107,21 +108,29 @@ class Tokenizer:
 
 
 def train(texts: Iterable[str], vocab_size: int, seed: int = 0) -> bytes:
-    """A unigram model of ``texts`` (already capped by the caller) as serialized bytes."""
+    """A unigram model of ``texts`` (already capped by the caller) as serialized bytes; the same
+    texts and settings give the same bytes, so they are kept (switchzoo.data.memo)."""
+    texts = list(texts)
+    settings = dict(vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
+                    pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+                    max_sentence_length=8192, shuffle_input_sentence=False,
+                    num_threads=os.cpu_count() or 1, minloglevel=2)
+    key = memo.key_of([spm.__version__, seed, *sorted(settings.items()), len(texts), *texts])
+    return memo.bytes_of("tokenizer", key, lambda: _train(texts, settings, seed))
+
+
+def _train(texts: list[str], settings: dict, seed: int) -> bytes:
     spm.set_random_generator_seed(seed)
     out = io.BytesIO()
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts), model_writer=out, vocab_size=vocab_size,
-            model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
-            unk_id=UNK_ID, bos_id=-1, max_sentence_length=8192, shuffle_input_sentence=False,
-            num_threads=os.cpu_count() or 1, minloglevel=2)
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=out,
+                                       **settings)
     except RuntimeError as e:
         most = re.search(r"Vocabulary size too high.*<= (\d+)", str(e))
         if most:
-            raise ValueError(f"data.vocab_size={vocab_size} is too large for this training text; "
-                             f"set --config.data.vocab_size to at most {most.group(1)}, or give "
-                             "more text") from None
+            raise ValueError(f"data.vocab_size={settings['vocab_size']} is too large for this "
+                             f"training text; set --config.data.vocab_size to at most "
+                             f"{most.group(1)}, or give more text") from None
         raise
     return out.getvalue()
 
