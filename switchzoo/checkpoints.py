@@ -121,12 +121,14 @@ class Checkpoints:
             if not workdir.is_no_space(e):
                 raise
             with contextlib.suppress(Exception):
-                self.manager.wait_until_finished()      # every writing thread has stopped
+                self.manager.wait_until_finished()
+            with contextlib.suppress(Exception):
+                self.manager.close()        # joins every writing thread: none writes after this
+            self.closed = True
+            # Removed only now: on a loaded machine a thread still finishing its part of the
+            # failed save re-created files in a partial step removed before close().
             for partial in self.directory.glob("*orbax-checkpoint-tmp*"):
                 shutil.rmtree(partial, ignore_errors=True)
-            with contextlib.suppress(Exception):
-                self.manager.close()
-            self.closed = True
             kept = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
             raise workdir.NoSpace(
                 f"no space left on device writing checkpoint {self.saving} in {self.directory}:"

@@ -8,6 +8,7 @@ updated parameters at rtol 1e-5 wherever |g| >= 1e-3 max|g| of their tensor, and
 only to within one step (2 lr), which any lost shard or double count would break.
 """
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -21,12 +22,26 @@ TX = state_lib.make_optimizer("adamw", learning_rate=LR, warmup_steps=1)
 BATCH = next(data.byte_lm_batches(16, 32, seed=0))
 
 
-def one_step(mesh, preset, cfg=CFG, step=None):
-    """(metrics, gradients, updated parameters, optimizer state) of one step (``step``: the
+@functools.cache
+def start(cfg=CFG):
+    """``cfg``'s initial train state (seed 0, host arrays), drawn once on one device: every
+    mesh's step starts from these very weights, so a test compares the step alone and compiles
+    no initialisation per mesh (tests/test_layers.py checks that a set-up on a mesh draws
+    the same weights, and test_pipeline's encoder-decoder case initialises on its stages)."""
+    setup = state_lib.setup(cfg, "data_parallel", L.make_mesh("data:1", devices=jax.devices()[:1]),
+                            optimizer=TX, seed=0)
+    return jax.device_get(setup.init())
+
+
+def one_step(mesh, preset, cfg=CFG, step=None, init=False):
+    """(metrics, gradients, updated parameters, optimizer state) of one step from ``start``
+    (``init``: from the set-up's own initialisation on ``mesh`` instead; ``step``: the
     compiled train step of that set-up, where the caller reads its program too)."""
     setup = state_lib.setup(cfg, L.Layout.create(preset, mesh), optimizer=TX, seed=0)
     step = step or steps.make_train_step(setup)
-    new_state, metrics = step(setup.init(), BATCH)
+    weights = cfg.replace(pipeline_microbatches=0, pipeline_repeats=1)   # the same weights
+    state = setup.init() if init else jax.device_put(start(weights), setup.shardings)
+    new_state, metrics = step(state, BATCH)
     metrics, params, opt_state = jax.device_get((metrics, new_state.params, new_state.opt_state))
     # The gradient itself, read off Adam's first moment: one step from zero leaves
     # mu = (1 - b1) g exactly (b1 = 0.9), so the step's own gradient is compared, not a
@@ -110,10 +125,10 @@ def test_adafactor_factored_statistics_shard_like_their_weights():
     assert found == 4                      # v_row and v_col of the 2 sparse layers
 
 
-def run_step(cfg, lay, accumulate=1, update_axis=None):
+def run_step(cfg, lay, accumulate=1, update_axis=None, weights=None):
     setup = state_lib.setup(cfg, lay, optimizer=TX, seed=0, update_axis=update_axis)
     step = steps.make_train_step(setup, accumulate=accumulate)
-    new_state, metrics = step(setup.init(), BATCH)
+    new_state, metrics = step(jax.device_put(start(weights or cfg), setup.shardings), BATCH)
     return jax.device_get((metrics, new_state.params, new_state.opt_state)), setup.shardings
 
 
@@ -138,6 +153,6 @@ def test_accumulation_weight_update_sharding_and_bfloat16():
     assert "data" in jax.tree.leaves(tuple(mu.spec))
     same_step(*got)
     # bfloat16 activations (router and parameters stay float32): close to the float32 loss.
-    (metrics, params, _), _ = run_step(cfg.replace(dtype="bfloat16"), lay)
+    (metrics, params, _), _ = run_step(cfg.replace(dtype="bfloat16"), lay, weights=cfg)
     assert jax.tree.leaves(params)[0].dtype == np.float32
     np.testing.assert_allclose(metrics["loss"], ref_metrics["loss"], rtol=2e-2)
