@@ -16,8 +16,9 @@ import contextlib
 import hashlib
 import os
 import pathlib
-import uuid
 from typing import Callable, Iterable
+
+from switchzoo import atomic
 
 ENV = "SWITCHZOO_CACHE"
 _PROCESS: dict[str, bytes] = {}
@@ -53,12 +54,8 @@ def bytes_of(kind: str, key: str, build: Callable[[], bytes]) -> bytes:
 
 
 def _store(path: pathlib.Path, data: bytes) -> None:
-    """Written under a name of this process's, then renamed: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    """Written atomically (switchzoo.atomic: a reader never sees half a file); a failure to
+    write leaves no file behind and is passed over."""
+    with contextlib.suppress(OSError):
+        with atomic.replacing(path, "wb") as f:
+            f.write(data)
