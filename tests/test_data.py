@@ -7,7 +7,7 @@ import grain
 import numpy as np
 import pytest
 
-from switchzoo import data
+from switchzoo import cache, data
 from switchzoo.data import embedded, files, pipeline, tfds_local
 from switchzoo.data import tokenizer as tokenizer_lib
 
@@ -280,7 +280,7 @@ def test_a_kept_tokenizer_and_harvest_are_what_a_rebuild_gives(tmp_path, monkeyp
     a set of catalogues, are the bytes a rebuild in a fresh process gives; another text, vocab
     size or catalogue (a changed file) is another key; an unwritable cache is passed over."""
     from switchzoo.data import memo
-    monkeypatch.setenv(memo.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(memo, "_PROCESS", {})
     texts = [t for _, t in embedded.shipped("de")[:3000]]
     first = tokenizer_lib.train(texts, 400)
@@ -290,19 +290,21 @@ def test_a_kept_tokenizer_and_harvest_are_what_a_rebuild_gives(tmp_path, monkeyp
     assert tokenizer_lib.train(iter(texts), 400) == first
     monkeypatch.undo()                                        # no cache at all: a rebuild
     monkeypatch.setattr(memo, "_PROCESS", {})
-    monkeypatch.setenv(memo.ENV, "")                         # nothing kept on disk
+    monkeypatch.setenv(cache.ENV, "")                         # nothing kept on disk
     assert tokenizer_lib.train(texts, 400) == first
+    from switchzoo.layout import search       # by the layout search either (not ./layouts)
+    assert search.cache_dir() is None
     assert len(list((tmp_path / "cache" / "data").glob("tokenizer-*"))) == 1
     assert tokenizer_lib.train(texts[1:], 400) != first       # another text, another model
     assert tokenizer_lib.Tokenizer(tokenizer_lib.train(texts, 401), None).num_pieces == 401
 
     locale = tmp_path / "locale"
     write_mo(locale / "de/LC_MESSAGES/tool.mo", [("Quit", "Beenden")])
-    monkeypatch.setenv(memo.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
     assert embedded.harvest("de", locale) == [("Quit", "Beenden")]
     write_mo(locale / "de/LC_MESSAGES/tool.mo", [("Open", "Öffnen"), ("Quit", "Beenden")])
     assert embedded.harvest("de", locale) == [("Open", "Öffnen"), ("Quit", "Beenden")]
     (tmp_path / "ro").write_text("a file where the cache's folder would go")
-    monkeypatch.setenv(memo.ENV, str(tmp_path / "ro"))
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "ro"))
     monkeypatch.setattr(memo, "_PROCESS", {})
     assert tokenizer_lib.train(texts, 400) == first

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import pathlib
 from typing import Callable, Iterable
 
-from switchzoo import atomic
+from switchzoo import atomic, cache
 
-ENV = "SWITCHZOO_CACHE"
 _PROCESS: dict[str, bytes] = {}
 
 
@@ -39,8 +37,8 @@ def bytes_of(kind: str, key: str, build: Callable[[], bytes]) -> bytes:
     name = f"{kind}-{key}"
     if name in _PROCESS:
         return _PROCESS[name]
-    root = os.environ.get(ENV, pathlib.Path.home() / ".cache" / "switchzoo")
-    path = pathlib.Path(root) / "data" / name if root else None
+    folder = cache.folder("data")
+    path = folder / name if folder is not None else None
     data = None
     if path is not None:
         with contextlib.suppress(OSError):

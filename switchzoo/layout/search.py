@@ -34,10 +34,11 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import pathlib
 import time
 
+from switchzoo import atomic
+from switchzoo import cache as cache_lib
 from switchzoo.layout import DEFAULT_AXES, NAME, LayoutError, advice, hardware, hlo
 from switchzoo.layout.candidates import (  # noqa: F401  (the search's vocabulary)
     DIMS, HOME, MODEL_DIMS, STAGE, Candidate, Sizes, enumerate_candidates, factorisations,
@@ -49,9 +50,9 @@ GIB = 2 ** 30
 
 # --------------------------------------------------------------------------------- compiling
 
-def cache_dir() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("SWITCHZOO_CACHE",
-                                       pathlib.Path.home() / ".cache" / "switchzoo")) / "layouts"
+def cache_dir() -> pathlib.Path | None:
+    """The compiles' folder (switchzoo.cache); None: $SWITCHZOO_CACHE is empty, keep none."""
+    return cache_lib.folder("layouts")
 
 
 @functools.cache
@@ -83,7 +84,9 @@ def measure(config, cand: Candidate, profile: hardware.Profile, cache: bool = Tr
     config.pipeline_repeats = cand.repeats if pipelined else 1
     key = hashlib.sha1(json.dumps([config.to_json_best_effort(sort_keys=True), jax.__version__,
                                    code_version(), profile.devices_per_host]).encode()).hexdigest()
-    path = cache_dir() / f"{key}.json"
+    folder = cache_dir()
+    cache = cache and folder is not None
+    path = folder / f"{key}.json" if cache else None
     if cache and path.is_file():
         return {**json.loads(path.read_text()), "cached": True}
     compiled, setup, _, seconds = dry_run.compile_step(config)
@@ -93,10 +96,8 @@ def measure(config, cand: Candidate, profile: hardware.Profile, cache: bool = Tr
            "flops": program.flops,
            "collectives": [dataclasses.asdict(c) for c in program.collectives]}
     if cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(out))
-        tmp.replace(path)
+        with atomic.replacing(path) as f:
+            f.write(json.dumps(out))
     return {**out, "cached": False}
 
 
