@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 # name -> seconds it may take at full size (in this order, while the budget lasts). Seen on
 # one H100 (jax 0.11.2, 2026-11-27, --no-xla-flops): environment 10 s, train_dense 60 s,
 # switch_base_8 118 s, profile 30 s; attention passed 60 s and peer 90 s unfinished.
-LIMITS = {"environment": 45, "train_dense": 75, "train_switch_index": 75, "switch_base_8": 150,
+LIMITS = {"environment": 45, "train_dense": 110, "train_switch_index": 75, "switch_base_8": 150,
           "attention": 90, "peer": 150, "train_dropless_8": 75, "grouped_matmul": 60,
           "profile": 60, "train_switch_einsum": 75, "train_dropless_64": 75}
 SMOKE_LIMIT = 240          # per case with --smoke (a shared 2-core CPU)
@@ -46,47 +46,12 @@ ENV = {"peer": {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"}}
 
 # ------------------------------------------------------------------------------ profile
 
-DERIVED_LINES = ("XLA Modules", "XLA Ops", "Steps", "Framework", "Source", "XLA TraceMe",
-                 "Launch Stats", "TensorFlow")
-
-
-def device_ops(path: str):
-    """(HLO instruction, ns) of every op the device ran in a jax.profiler trace: XLA:CPU's
-    thunks (bench/step_profile.py) or the GPU's kernels (their hlo_op stat)."""
-    from jax.profiler import ProfileData
-
-    import step_profile
-    planes = list(ProfileData.from_file(path).planes)
-    on_gpu = any(p.name.startswith("/device:GPU") for p in planes)
-    for plane in planes:
-        if on_gpu and not plane.name.startswith("/device:GPU"):
-            continue                               # host threads: launches, not the work
-        for line in plane.lines:
-            if on_gpu and line.name.startswith(DERIVED_LINES):
-                continue
-            if not on_gpu and not line.name.startswith("tf_XLA"):
-                continue
-            for e in line.events:
-                if e.name.startswith(step_profile.RUNTIME):
-                    continue
-                try:
-                    stats = dict(e.stats) if on_gpu else {}
-                except (TypeError, ValueError):
-                    stats = {}
-                yield str(stats.get("hlo_op", e.name)), e.duration_ns
-
-
 def profile(rec, z, args):
     """A 3-step jax.profiler trace of the Switch train step (index dispatch, else einsum),
-    every device op attributed to its phase and named scope (bench/step_profile.classify)."""
-    import collections
-    import glob
-    import os
-    import tempfile
-
+    every device op attributed to its phase and named scope (bench/gpu_profile)."""
     import jax
 
-    import step_profile
+    import gpu_profile
     t = z.train
     try:
         model = "switch_index"
@@ -95,25 +60,11 @@ def profile(rec, z, args):
         model = "switch_einsum"
         cfg = gpu_cases.train_config(z, model, scan=not args.no_scan)
     step = Step(cfg, "data:1", "data_parallel", t.batch, t.length, jax.devices()[:1])
-    ops = step_profile.hlo_ops(step.compiled.as_text())
     step.run(2)
-    with tempfile.TemporaryDirectory() as tmp:
-        jax.profiler.start_trace(tmp)
-        start = time.perf_counter()
-        step.run(z.profile_steps)
-        wall = (time.perf_counter() - start) / z.profile_steps
-        jax.profiler.stop_trace()
-        path = sorted(glob.glob(os.path.join(tmp, "plugins/profile/*/*.xplane.pb")))[-1]
-        totals, count = collections.Counter(), collections.Counter()
-        for name, ns in device_ops(path):
-            key = step_profile.classify(name, ops.get(name))
-            totals[key] += ns / 1e6 / z.profile_steps
-            count[key] += 1 / z.profile_steps
-    summary = step_profile.summarise(totals, count, wall * 1e3)
+    summary = gpu_profile.trace(step, z.profile_steps)
     rec["config"] = {"model": model, **vars(t), "steps": z.profile_steps}
-    rec["step_ms"], rec["ops_ms"] = summary["step_ms"], summary["ops_ms"]
-    rec["top_scopes"] = dict(list(step_profile.by(summary, "phase", "part").items())[:15])
-    rec["by_kind"] = step_profile.by(summary, "phase", "kind")
+    for key in ("step_ms", "ops_ms", "top_scopes", "by_kind", "top_kernels", "attributed_by"):
+        rec[key] = summary[key]
     if args.out:
         Path(args.out, "profile.json").write_text(json.dumps(summary, indent=1) + "\n")
         rec["rows_in"] = "profile.json"
@@ -216,7 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="skip XLA's FLOP count of scanned train steps (it is lowered for the CPU, so "
            "bench/flops.py gives the same count on any machine)")
     a("--remats", default="", help="comma-separated remat policies of the train_* cases "
-      "(default: none and minimal, --smoke: none; train_dense both, the others' baseline)")
+      "(default: train_dense none and minimal, the others none, their baseline; "
+      "--smoke: none)")
+    a("--profile-steps", type=int, default=None, help="steps traced after each train "
+      "step's timing, for where its device time goes (default 3; --smoke 0: the profile "
+      "case traces)")
     a("--case", help=argparse.SUPPRESS)          # the child: run this one case
     return p
 
@@ -292,6 +247,8 @@ def main(argv=None) -> dict:
     flags = (["--smoke"] if args.smoke else []) + (["--no-scan"] if args.no_scan else []) + (
         ["--no-xla-flops"] if args.no_xla_flops else []) + [
         "--loss-chunk", str(args.loss_chunk)] + (["--remats", args.remats] if args.remats else [])
+    profile_steps = (0 if args.smoke else 3) if args.profile_steps is None else args.profile_steps
+    flags += ["--profile-steps", str(profile_steps)]
     for name in names:
         left = args.budget - (time.monotonic() - start)
         limit = min(SMOKE_LIMIT if args.smoke else LIMITS[name], left)

@@ -27,7 +27,7 @@ SPEC_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 SXM5 80GB": 989
                    "NVIDIA A100-SXM4-40GB": 312e12, "NVIDIA A100 80GB PCIe": 312e12}
 
 TRAIN = dict(vocab=32768, d_model=1024, layers=8, heads=16, d_kv=64, d_ff=4096, batch=16,
-             length=1024, group=1024, repeats=5, remats=("none", "minimal"))
+             length=1024, group=1024, repeats=5, remats=("none",), chunk=4096)
 SIZES = {
     "full": NS(matmul=8192, matmul_repeats=10, hbm_mib=2048,
                attention=NS(batch=4, length=2048, heads=16, d_kv=64, d_model=1024, d_ff=256,
@@ -44,7 +44,7 @@ SIZES = {
                 grouped=NS(rows=256, d_model=32, d_ff=64, experts=(4, 8), repeats=1),
                 train=NS(**{**TRAIN, **dict(vocab=256, d_model=64, layers=2, heads=2, d_kv=32,
                                             d_ff=128, batch=2, length=64, group=64,
-                                            repeats=1, remats=("none",))}),
+                                            repeats=1, remats=("none",), chunk=0)}),
                 base=NS(batch=2, length=32, repeats=1,
                         shrink=dict(vocab_size=256, d_model=64, d_ff=128, num_heads=2, d_kv=32,
                                     num_layers=2, num_encoder_layers=2)),
@@ -305,9 +305,10 @@ def unrolled_flops(cfg, batch: int, length: int, **kw) -> float:
 
 
 def measure_step(cfg, batch, length, repeats, loss_chunk=0, extra=None, record=None,
-                 xla_flops=True) -> dict:
+                 xla_flops=True, profile_steps=0) -> dict:
     """Compile and time the real train step (bench/common.Step) on one device; ``record``
-    (if given) gets the timing as soon as it is measured."""
+    (if given) gets the timing as soon as it is measured. ``profile_steps`` > 0: then where
+    the step's device time goes (bench/gpu_profile.trace), under ``profile``."""
     import inspect
 
     import jax
@@ -329,6 +330,17 @@ def measure_step(cfg, batch, length, repeats, loss_chunk=0, extra=None, record=N
            "mfu_spec": hand / seconds / spec if spec else None, **(extra or {})}
     if record is not None:        # the timing survives whatever fails below
         record(out)
+    if profile_steps:
+        try:
+            import gpu_profile
+            prof = gpu_profile.trace(step, profile_steps)
+            out["profile"] = {k: prof[k] for k in (
+                "step_ms", "ops_ms", "outside_ops_ms", "ops_per_step", "top_scopes", "by_kind",
+                "top_kernels", "attributed_by", "stat_sample")}
+        except Exception as e:                # noqa: BLE001 -- the timing stands without it
+            out["profile_error"] = f"{type(e).__name__}: {e}"[:500]
+        if record is not None:
+            record(out)
     try:
         out["memory"] = step.memory()
     except Exception as e:                    # noqa: BLE001
@@ -352,23 +364,28 @@ def train(model: str):
         from switchzoo import dropless
         t = z.train
         remats = (args.remats.split(",") if args.remats else
-                  t.remats if model != "dense" else ("none", "minimal"))
+                  ("none", "minimal") if model == "dense" and not args.smoke else t.remats)
         rec["config"] = {**vars(t), "remats": tuple(remats), "model": model, "dtype": "bfloat16",
                          "optimizer": "adamw",
                          "scan_layers": not args.no_scan, "loss_chunk": args.loss_chunk,
                          "flops_hand": "3 x zoo.flops_per_token(cfg, seq_len=length) x tokens"}
-        for remat in remats:
-            def one(remat=remat):
+        variants = [(remat, args.loss_chunk) for remat in remats]
+        if model == "dense" and not args.loss_chunk and t.chunk:
+            variants.append(("none", t.chunk))  # the full-vocabulary logits left out
+        for i, (remat, chunk) in enumerate(variants):
+            key = f"remat_{remat}" + (f"_chunk{chunk}" if chunk != args.loss_chunk else "")
+
+            def one(remat=remat, chunk=chunk, key=key, first=i == 0):
                 cfg = train_config(z, model, remat, scan=not args.no_scan)
-                extra = {}
+                extra = {"loss_chunk": chunk}
                 if cfg.moe is not None and cfg.moe.dispatch == "dropless":
                     extra["grouped_matmul"] = dropless.resolve(
                         "auto", t.batch * t.length, t.d_model, t.d_ff, cfg.moe.num_experts,
                         "bfloat16")
-                return measure_step(cfg, t.batch, t.length, t.repeats, args.loss_chunk, extra,
-                                    record=partial(rec, f"remat_{remat}"),
-                                    xla_flops=not args.no_xla_flops)
-            rec.part(f"remat_{remat}", one)
+                return measure_step(cfg, t.batch, t.length, t.repeats, chunk, extra,
+                                    record=partial(rec, key), xla_flops=not args.no_xla_flops,
+                                    profile_steps=args.profile_steps if first else 0)
+            rec.part(key, one)
     return case
 
 
@@ -390,7 +407,8 @@ def switch_base_8(rec, z, args):
     for remat in ("none", "minimal", "full"):
         rec.part(f"remat_{remat}", lambda remat=remat: measure_step(
             replace(cfg, remat=remat), b.batch, b.length, b.repeats, args.loss_chunk,
-            record=partial(rec, f"remat_{remat}"), xla_flops=not args.no_xla_flops))
+            record=partial(rec, f"remat_{remat}"), xla_flops=not args.no_xla_flops,
+            profile_steps=args.profile_steps))
         if remat == "none":
             rec["fits_without_remat"] = "step_s" in rec[f"remat_{remat}"]
         if "step_s" in rec[f"remat_{remat}"]:

@@ -54,8 +54,9 @@ def hlo_ops(hlo_text: str) -> dict:
                          hlo_text, re.M):
         name, opcode, rest = m.groups()
         meta = re.search(r'op_name="([^"]*)"', rest)
-        matmul = opcode in ("dot", "convolution") or "__ynn_fusion" in rest or (
-            "__onednn" in rest) or ("__xnn" in rest)
+        matmul = opcode in ("dot", "convolution") or any(
+            lib in rest for lib in ("__ynn_fusion", "__onednn", "__xnn",          # XLA:CPU
+                                    "__cublas", "__cudnn$fmha", "__triton_gemm"))  # a GPU
         ops[name] = (opcode, meta.group(1) if meta else "", matmul)
     return ops
 
