@@ -2,8 +2,9 @@
 op attributed to its phase and model part (bench/step_profile.classify), on CPU or GPU.
 
 On a GPU the trace's events are kernels, named after their fusion (``loop_add_fusion_3``), or
-after the library that ran them (cuBLAS ``nvjet_*``, cuDNN ``*fmha*``); XLA annotates each
-launch with its HLO instruction, but the stat that carries it has changed across versions. So
+after the library that ran them (cuBLAS ``nvjet_*``, cuDNN ``*sdpa*``/``fmha*``); XLA annotates
+each launch with its HLO instruction in the ``hlo_op`` stat, except inside a CUDA graph, where
+every kernel reads ``command_buffer_N`` (bench/gpu.py's profile case runs without them). So
 an op is found, in this order, from a stat holding ``hlo_op=NAME`` or naming an instruction,
 from the kernel's own name, or from that name with XLA's ``.``/``-`` -> ``_`` spelling undone;
 what none of these finds is classed by the kernel name alone. The result says how much of the
@@ -24,7 +25,7 @@ import step_profile
 DERIVED_LINES = ("XLA Modules", "XLA Ops", "Steps", "Framework", "Source", "XLA TraceMe",
                  "Launch Stats", "TensorFlow")
 HLO_OP = re.compile(r"hlo_op=([\w.\-]+)")
-LIBRARY = (("matmul", re.compile(r"gemm|xmma|nvjet|cutlass|wgmma|cublas", re.I)),
+LIBRARY = (("matmul", re.compile(r"gemm|xmma|nvjet|cutlass|wgmma|cublas|matmul_dq", re.I)),
            ("attention", re.compile(r"fmha|flash|cudnn|sdpa", re.I)))
 
 
@@ -76,10 +77,9 @@ def attribute(path: str, ops: dict, steps: int, wall_ms: float) -> dict:
         ms = ns / 1e6 / steps
         op, found = resolve(name, stats, ops, spelled)
         phase, part, kind = step_profile.classify(op or name, ops.get(op))
-        if op is None:
-            for lib_kind, pattern in LIBRARY:
-                if pattern.search(name):
-                    kind, part = "matmul", ("attention" if lib_kind == "attention" else part)
+        for lib_kind, pattern in LIBRARY:            # cuBLAS, Triton GEMMs, cuDNN attention
+            if pattern.search(name):
+                kind, part = "matmul", ("attention" if lib_kind == "attention" else part)
         totals[phase, part, kind] += ms
         count[phase, part, kind] += 1 / steps
         kernels[name, (ops.get(op) or ("", "", False))[1][:160]] += ms
