@@ -27,7 +27,7 @@ SPEC_BF16_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 SXM5 80GB": 989
                    "NVIDIA A100-SXM4-40GB": 312e12, "NVIDIA A100 80GB PCIe": 312e12}
 
 TRAIN = dict(vocab=32768, d_model=1024, layers=8, heads=16, d_kv=64, d_ff=4096, batch=16,
-             length=1024, group=1024, repeats=5, remats=("none",), chunk=4096)
+             length=1024, group=1024, repeats=5, remats=("none",), chunk=4096, packed=True)
 SIZES = {
     "full": NS(matmul=8192, matmul_repeats=10, hbm_mib=2048,
                attention=NS(batch=4, length=2048, heads=16, d_kv=64, d_model=1024, d_ff=256,
@@ -44,7 +44,7 @@ SIZES = {
                 grouped=NS(rows=256, d_model=32, d_ff=64, experts=(4, 8), repeats=1),
                 train=NS(**{**TRAIN, **dict(vocab=256, d_model=64, layers=2, heads=2, d_kv=32,
                                             d_ff=128, batch=2, length=64, group=64,
-                                            repeats=1, remats=("none",), chunk=0)}),
+                                            repeats=1, remats=("none",), chunk=0, packed=False)}),
                 base=NS(batch=2, length=32, repeats=1,
                         shrink=dict(vocab_size=256, d_model=64, d_ff=128, num_heads=2, d_kv=32,
                                     num_layers=2, num_encoder_layers=2)),
@@ -304,8 +304,23 @@ def unrolled_flops(cfg, batch: int, length: int, **kw) -> float:
     return float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
 
 
+def packed_batch(vocab: int, batch: int, length: int) -> dict:
+    """A language-model batch as packing gives it: three documents per row (cut at 1/3 and
+    3/4 of the row), positions restarting in each: the attention then has a mask, which
+    cuDNN's kernel takes as part of its bias."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    cuts = np.searchsorted([length // 3, 3 * length // 4], np.arange(length), side="right")
+    starts = np.array([0, length // 3, 3 * length // 4])[cuts]
+    ids = lambda: rng.integers(2, vocab, (batch, length), dtype=np.int32)  # noqa: E731
+    return {"inputs": ids(), "targets": ids(), "weights": np.ones((batch, length), np.float32),
+            "segments": np.broadcast_to(cuts + 1, (batch, length)).astype(np.int32),
+            "positions": np.broadcast_to(np.arange(length) - starts,
+                                         (batch, length)).astype(np.int32)}
+
+
 def measure_step(cfg, batch, length, repeats, loss_chunk=0, extra=None, record=None,
-                 xla_flops=True, profile_steps=0) -> dict:
+                 xla_flops=True, profile_steps=0, host_batch=None) -> dict:
     """Compile and time the real train step (bench/common.Step) on one device; ``record``
     (if given) gets the timing as soon as it is measured. ``profile_steps`` > 0: then where
     the step's device time goes (bench/gpu_profile.trace), under ``profile``."""
@@ -319,7 +334,8 @@ def measure_step(cfg, batch, length, repeats, loss_chunk=0, extra=None, record=N
         if "loss_chunk" not in inspect.signature(steps.make_train_step).parameters:
             raise Unsupported("steps.make_train_step has no loss_chunk argument")
         kw["loss_chunk"] = loss_chunk
-    step = Step(cfg, "data:1", "data_parallel", batch, length, jax.devices()[:1], **kw)
+    step = Step(cfg, "data:1", "data_parallel", batch, length, jax.devices()[:1],
+                host_batch=host_batch, **kw)
     step.run(1)
     seconds = step.time(repeats=repeats, warmup=0)
     hand = 3 * zoo.flops_per_token(cfg, seq_len=length) * step.tokens()
@@ -369,22 +385,30 @@ def train(model: str):
                          "optimizer": "adamw",
                          "scan_layers": not args.no_scan, "loss_chunk": args.loss_chunk,
                          "flops_hand": "3 x zoo.flops_per_token(cfg, seq_len=length) x tokens"}
-        variants = [(remat, args.loss_chunk) for remat in remats]
+        variants = [(remat, args.loss_chunk, False) for remat in remats]
         if model == "dense" and not args.loss_chunk and t.chunk:
-            variants.append(("none", t.chunk))  # the full-vocabulary logits left out
-        for i, (remat, chunk) in enumerate(variants):
-            key = f"remat_{remat}" + (f"_chunk{chunk}" if chunk != args.loss_chunk else "")
+            variants.append(("none", t.chunk, False))  # the full-vocabulary logits left out
+        if model == "dense" and t.packed:
+            variants.append(("none", args.loss_chunk, True))  # documents packed: a mask
+        for i, (remat, chunk, packed) in enumerate(variants):
+            key = f"remat_{remat}" + (f"_chunk{chunk}" if chunk != args.loss_chunk else "") + (
+                "_packed" if packed else "")
 
-            def one(remat=remat, chunk=chunk, key=key, first=i == 0):
+            def one(remat=remat, chunk=chunk, key=key, traced=i == 0 or packed,
+                    packed=packed):
                 cfg = train_config(z, model, remat, scan=not args.no_scan)
                 extra = {"loss_chunk": chunk}
                 if cfg.moe is not None and cfg.moe.dispatch == "dropless":
                     extra["grouped_matmul"] = dropless.resolve(
                         "auto", t.batch * t.length, t.d_model, t.d_ff, cfg.moe.num_experts,
                         "bfloat16")
+                if packed:
+                    extra["batch"] = "packed: 3 documents per row, positions restarting"
                 return measure_step(cfg, t.batch, t.length, t.repeats, chunk, extra,
                                     record=partial(rec, key), xla_flops=not args.no_xla_flops,
-                                    profile_steps=args.profile_steps if first else 0)
+                                    profile_steps=args.profile_steps if traced else 0,
+                                    host_batch=packed_batch(t.vocab, t.batch, t.length)
+                                    if packed else None)
             rec.part(key, one)
     return case
 
