@@ -9,8 +9,9 @@ import math
 # "minimal" keeps the projections and the attention context, MaxText's minimal_with_context.
 REMAT = ("none", "full", "dots", "minimal")
 # How attention runs (switchzoo.layers.attention_impl decides "auto" once per run): the
-# reference einsums, jax.nn.dot_product_attention's XLA or cuDNN (fused) implementation.
-ATTENTION = ("auto", "reference", "xla", "cudnn")
+# reference einsums, jax.nn.dot_product_attention's XLA or cuDNN (fused) implementation, or
+# JAX's Pallas flash-attention kernel for TPUs (jax.experimental.pallas.ops.tpu).
+ATTENTION = ("auto", "reference", "xla", "cudnn", "pallas")
 ROUTERS = ("tokens_choose", "experts_choose")
 BALANCE = ("aux_loss", "bias")
 # How a model's routing losses combine over its Switch layers: "sum" (Mesh-TensorFlow, in
@@ -190,7 +191,8 @@ class ModelConfig:
     scan_layers: bool = False
     remat: str = "none"                  # one of REMAT
     # attention: one of ATTENTION; "auto" is cuDNN's fused kernel on a GPU with bfloat16/float16
-    # activations, else the reference einsums (layers.attention_impl says which and why).
+    # activations, the Pallas flash kernel on a TPU, else the reference einsums
+    # (layers.attention_impl says which and why).
     attention: str = "auto"
     # Pipelining (switchzoo/pipeline.py), where the layout splits 'layers' over a stage axis:
     # micro-batches per step (0: as many as stages) and rounds of a circular schedule (1: GPipe).

@@ -122,9 +122,10 @@ class RelativePositionBias(nnx.Module):
 
 class AttentionImpl(NamedTuple):
     """How a model's attention runs: ``name`` "reference" (the einsums of Attention.attend),
-    "xla" or "cudnn" (jax.nn.dot_product_attention's implementations), and why. ``strict``:
-    asked for by name, so a call it cannot serve is an error rather than the reference path
-    (cuDNN only; "xla" falls back like "auto")."""
+    "xla" or "cudnn" (jax.nn.dot_product_attention's implementations) or "pallas" (JAX's
+    flash-attention kernel for TPUs), and why. ``strict``: asked for by name, so a call it
+    cannot serve is an error rather than the reference path (cuDNN and Pallas; "xla" falls
+    back like "auto")."""
     name: str
     reason: str
     strict: bool = False
@@ -144,6 +145,21 @@ def attention_impl(cfg, backend: str | None = None) -> AttentionImpl:
         return AttentionImpl("reference", "asked for")
     if cfg.attention == "xla":
         impl = AttentionImpl("xla", "jax.nn.dot_product_attention, implementation='xla'")
+    elif cfg.attention == "pallas" or (cfg.attention == "auto" and backend == "tpu"):
+        if backend != "tpu":
+            raise ValueError(f"attention='pallas' cannot run here: {backend} backend: the "
+                             "Pallas flash-attention kernel runs on TPUs; set attention "
+                             "(--config.attention) to auto, xla or reference")
+        failed = _pallas_probe(cfg.dtype, cfg.num_heads, cfg.d_kv)
+        if failed and cfg.attention == "pallas":
+            raise ValueError(f"attention='pallas' did not compile here: {failed}; set "
+                             "attention (--config.attention) to auto, xla or reference")
+        if failed:
+            return AttentionImpl("reference", f"the Pallas flash kernel did not compile: "
+                                              f"{failed}")
+        impl = AttentionImpl("pallas", "Pallas flash attention" + (
+            ", asked for" if cfg.attention == "pallas" else ""),
+            strict=cfg.attention == "pallas")
     else:
         why = _cudnn_refusal(cfg, backend)
         if cfg.attention == "cudnn" and why:
@@ -163,6 +179,30 @@ def attention_impl(cfg, backend: str | None = None) -> AttentionImpl:
         impl = impl._replace(reason=f"{impl.reason}; training steps run the reference path "
                                     f"for attention dropout (dropout={cfg.dropout:g})")
     return impl
+
+
+@functools.lru_cache
+def _pallas_probe(dtype: str, heads: int, d_kv: int) -> str:
+    """'' if the Pallas flash kernel compiles forward and backward with a bias on small shapes
+    (128 queries and keys: its block size), else the first line of the error."""
+    shape = jax.ShapeDtypeStruct((1, heads, 128, d_kv), jnp.dtype(dtype))
+
+    def loss(q, k, v, bias):
+        return jnp.sum(_flash(q, k, v, bias, causal=True).astype(jnp.float32))
+    try:
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(
+            shape, shape, shape, jax.ShapeDtypeStruct((1, heads, 128, 128), jnp.float32)
+        ).compile()
+    except Exception as e:          # noqa: BLE001  (any refusal: keep the reference path)
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+    return ""
+
+
+def _flash(q_BHTK, k_BHSK, v_BHSK, bias_BHTS, causal: bool):
+    """JAX's Pallas flash attention for TPUs (blocks of 128 queries and keys); its backward
+    gives the bias's gradient too."""
+    from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
+    return flash_attention(q_BHTK, k_BHSK, v_BHSK, bias_BHTS, causal=causal, sm_scale=1.0)
 
 
 def _cudnn_refusal(cfg, backend: str) -> str:
@@ -247,6 +287,8 @@ class Attention(nnx.Module):
         [B or 1, H, T, S], or None) where ``mask_BTS`` allows. ``fused`` False (decoding
         against a cache) runs the reference path whatever ``impl`` says."""
         impl = self._serving(x_BTD.shape[1], k_BHSK.shape[2], rate, rng) if fused else None
+        if impl == "pallas":
+            return self._flash(x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS)
         if impl in ("xla", "cudnn"):
             return self._fused(impl, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS)
         dt = x_BTD.dtype
@@ -272,13 +314,37 @@ class Attention(nnx.Module):
             why, fix = f"attention dropout (rate {rate:g} in a training step)", "dropout=0"
         elif self.impl == "cudnn" and (T % 2 or S % 2):
             why, fix = f"odd lengths ({T} queries, {S} keys)", "even lengths"
+        elif self.impl == "pallas" and (T % 128 or S % 128):
+            why, fix = (f"lengths that are not multiples of 128 ({T} queries, {S} keys)",
+                        "lengths that are multiples of 128")
         if not why:
             return self.impl
         if self.strict:
-            raise ValueError(f"attention='cudnn' cannot serve {why}; use {fix}, or set "
+            raise ValueError(f"attention={self.impl!r} cannot serve {why}; use {fix}, or set "
                              "attention (--config.attention) to auto, which runs such calls on "
                              "the reference path")
         return "reference"
+
+    def _flash(self, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS):
+        """The Pallas flash kernel (TPU): the kernel takes one bias per row and head, so the
+        mask joins the bias as NEG_INF (as the reference adds it); causal attention also
+        skips the blocks above the diagonal."""
+        dt = x_BTD.dtype
+        q_BHTK = jnp.einsum("BTD,DHK->BHTK", x_BTD, self.q[...].astype(dt))
+        q_BHTK = checkpoint_name(constrain(q_BHTK, ("batch", "heads", "length", "d_kv")),
+                                 "query_proj")
+        B, H, T, S = q_BHTK.shape[0], q_BHTK.shape[1], q_BHTK.shape[2], k_BHSK.shape[2]
+        bias = None
+        if mask_BTS is not None:
+            bias = jnp.broadcast_to(jnp.where(mask_BTS[:, None], 0.0, NEG_INF), (B, H, T, S))
+        if bias_BHTS is not None:
+            rows = _rows(bias_BHTS.astype(jnp.float32), B)
+            bias = rows if bias is None else bias + rows
+        ctx_BHTK = _flash(q_BHTK, k_BHSK, v_BHSK, bias, self.causal)
+        ctx_BHTK = checkpoint_name(constrain(ctx_BHTK, ("batch", "heads", "length", "d_kv")),
+                                   "context")
+        out_BTD = jnp.einsum("BHTK,HKD->BTD", ctx_BHTK, self.o[...].astype(dt))
+        return checkpoint_name(constrain(out_BTD, ("batch", "length", "d_model")), "out_proj")
 
     def _fused(self, impl: str, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS):
         """jax.nn.dot_product_attention (layout [B, T, heads, d_kv]; scale 1: T5 folds it into

@@ -192,6 +192,60 @@ def test_the_layer_under_xla_matches_the_reference_with_fully_masked_rows():
         assert max_diff(grads, want_grads) < 1e-5
 
 
+def test_the_pallas_flash_kernel_matches_the_reference_with_bias_and_masks():
+    """The TPU path (JAX's Pallas flash-attention kernel, run here in its interpreter): outputs
+    and gradients (inputs, q/k/v/o, the bias [1, H, T, S]) equal the reference's, with a mask,
+    causal or not, for self-attention and a cross-attention of another length; rows that see
+    nothing give no NaN. Lengths that are not multiples of its 128-wide blocks run the
+    reference path, or are refused in one line when the kernel was asked for by name."""
+    from jax.experimental.pallas import tpu as pltpu
+    B, D, H, K = 2, 16, 2, 8
+    rng = np.random.default_rng(0)
+
+    def run(impl, T, S, causal, mask, bias, strict=False):
+        x = jnp.asarray(rng.normal(size=(B, T, D)), jnp.float32)
+        kv = jnp.asarray(rng.normal(size=(B, S, D)), jnp.float32)
+        cot = jnp.asarray(rng.normal(size=(B, T, D)), jnp.float32)
+        attn = layers.Attention(D, H, K, nnx.Rngs(params=0), impl=impl, causal=causal,
+                                strict=strict)
+        graphdef, state = nnx.split(attn)
+        m = mask & jnp.tril(jnp.ones((T, S), bool)) if causal else mask
+        blind = ~jnp.any(m, axis=-1)
+
+        def f(state, x, kv, bias):
+            def attend(state, x, kv, bias):
+                a = nnx.merge(graphdef, state)
+                return a.attend(x, *a.project_kv(kv), bias, m)
+            out, vjp = jax.vjp(attend, state, x, kv, bias)
+            return out, vjp(jnp.where(blind[..., None], 0.0, cot))
+        with pltpu.force_tpu_interpret_mode():
+            return (*jax.jit(f)(state, x, kv, bias), blind)
+
+    for T, S, causal in ((128, 128, True), (128, 128, False), (128, 256, False)):
+        mask = jnp.asarray(rng.random((B, T, S)) < 0.7).at[:, -2:].set(False)
+        bias = jnp.asarray(rng.normal(size=(1, H, T, S)), jnp.float32)
+        seed = rng.bit_generator.state
+        out, grads, blind = run("pallas", T, S, causal, mask, bias)
+        rng.bit_generator.state = seed           # the same inputs for the reference
+        want, want_grads, _ = run("reference", T, S, causal, mask, bias)
+        assert bool(jnp.all(jnp.isfinite(out)))
+        assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+        assert float(jnp.max(jnp.where(blind[..., None], 0, jnp.abs(out - want)))) < 1e-4
+        assert max_diff(grads, want_grads) < 1e-4
+        assert float(jnp.max(jnp.abs(grads[3]))) > 1e-3          # the bias has a gradient
+
+    mask = jnp.ones((B, 6, 6), bool)
+    bias = jnp.zeros((1, H, 6, 6), jnp.float32)
+    out, _, _ = run("pallas", 6, 6, True, mask, bias)           # the reference path serves
+    want, _, _ = run("reference", 6, 6, True, mask, bias)
+    assert out.shape == want.shape
+    with pytest.raises(ValueError, match=r"^attention='pallas' cannot serve lengths that are "
+                                         r"not multiples of 128 \(6 queries, 6 keys\)"):
+        run("pallas", 6, 6, True, mask, bias, strict=True)
+    with pytest.raises(ValueError, match=r"^attention='pallas' cannot run here: cpu backend"):
+        layers.attention_impl(DECODER.replace(attention="pallas"), "cpu")
+
+
 def test_training_steps_with_attention_dropout_run_the_reference_path():
     cfg = DECODER.replace(dropout=0.1)
     batch = make_batch(cfg)
@@ -210,7 +264,14 @@ def test_training_steps_with_attention_dropout_run_the_reference_path():
                                    0))) < 1e-5
 
 
-def test_auto_is_decided_once_with_its_reason_and_cudnn_where_it_cannot_run_is_refused():
+def test_auto_is_decided_once_with_its_reason_and_cudnn_where_it_cannot_run_is_refused(
+        monkeypatch):
+    # On a TPU, auto takes the Pallas flash kernel where its probe compiles, else the reference.
+    monkeypatch.setattr(layers, "_pallas_probe", lambda *a: "")
+    assert str(layers.attention_impl(DECODER, "tpu")) == "pallas (Pallas flash attention)"
+    monkeypatch.setattr(layers, "_pallas_probe", lambda *a: "ValueError: no")
+    assert str(layers.attention_impl(DECODER, "tpu")) == (
+        "reference (the Pallas flash kernel did not compile: ValueError: no)")
     auto = layers.attention_impl(DECODER, "cpu")
     assert (auto.name, str(auto)) == (
         "reference", "reference (cpu backend: cuDNN's fused kernel runs on NVIDIA GPUs)")
@@ -227,12 +288,12 @@ def test_auto_is_decided_once_with_its_reason_and_cudnn_where_it_cannot_run_is_r
         transformer.build(DECODER.replace(attention="cudnn", dtype="bfloat16"))
     with pytest.raises(ValueError, match=r"^attention='flash' is not an attention "
                                          r"implementation; use one of auto, reference, xla, "
-                                         r"cudnn$"):
+                                         r"cudnn, pallas$"):
         DECODER.replace(attention="flash")
     config = base.get_base()
     config.attention = "flash"
     with pytest.raises(ValueError, match=r"^--config.attention='flash' is not one of auto, "
-                                         r"reference, xla, cudnn$"):
+                                         r"reference, xla, cudnn, pallas$"):
         validate.check(config)
 
 
