@@ -1,0 +1,148 @@
+"""Each model at its own best learning rate: dense and Switch-8 on a log grid of rates, and
+T5's literal schedule shape, at the LM study's budget (issue 35, step 1).
+
+    python experiments/lr_sweep.py --out runs/lr_sweep --corpus runs/corpus [--runs NAMES]
+    python experiments/lr_sweep.py --out runs/lr_sweep --corpus runs/corpus --report [--publish]
+
+Trains dense_lm_cpu and switch_lm_cpu_8 for --steps (2,400) at every rate of --rates
+(0.005, 0.01, 0.02, 0.04: a log grid around the probe's finding that 0.02 beats 0.01 for both),
+otherwise as experiments/lm_claims.py trains its dense and switch_8 (corpus, vocabulary, seed,
+data order, the rsqrt schedule in T5's shape with warm-up --warmup 250). Then, at each model's
+best rate, the same run with T5's schedule shape held constant through the run (warm-up >= the
+steps: lr x sqrt(k / max(step, k)) never decays), the ``_const`` runs. Each run is resumable
+(out/<run>/); --runs trains only those named (one process per core: split the names, with
+--vocab so that no two processes train the vocabulary). The
+report (out/lr_sweep.json, or docs/ with --publish) gives every run's curve, each model's final
+loss by rate, its best rate (a rate that is best at an end of the grid is flagged: the optimum
+may lie beyond it) and the Switch-minus-dense gap at each rate and at each one's best.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import harness  # noqa: E402
+import lm_claims  # noqa: E402
+from harness import Run  # noqa: E402
+
+MODELS = {"dense": "dense_lm_cpu", "switch_8": "switch_lm_cpu_8"}
+RATES = (0.005, 0.01, 0.02, 0.04)
+
+
+def name(model: str, rate: float, const: bool = False) -> str:
+    return f"{model}_lr{rate:g}" + ("_const" if const else "")
+
+
+def runs(rates, steps: int, best: dict | None = None) -> list[Run]:
+    """The grid, then (once ``best`` {model: rate} is known) the constant-schedule runs."""
+    out = [Run(name(m, r), model, (f"--config.learning_rate={r:g}",),
+               baseline=None if m == "dense" else name("dense", r))
+           for r in rates for m, model in MODELS.items()]
+    for m, model in MODELS.items():
+        if best and m in best:
+            out.append(Run(name(m, best[m], True), model,
+                           (f"--config.learning_rate={best[m]:g}",
+                            f"--config.warmup_steps={steps}"),
+                           baseline=None if m == "dense" else name("dense", best["dense"], True)
+                           if "dense" in best else None))
+    return out
+
+
+def final(result: dict, run: str) -> float | None:
+    r = result["runs"].get(run)
+    return None if r is None else r["eval_loss"][-1]
+
+
+def best_rates(result: dict, rates) -> dict:
+    """{model: {"rate", "loss", "at_edge"}} over the finished grid runs."""
+    out = {}
+    for m in MODELS:
+        losses = {r: final(result, name(m, r)) for r in rates}
+        losses = {r: v for r, v in losses.items() if v is not None}
+        if not losses:
+            continue
+        r = min(losses, key=losses.get)
+        out[m] = {"rate": r, "loss": losses[r], "by_rate": {f"{k:g}": v for k, v in losses.items()},
+                  "at_edge": r in (min(rates), max(rates)) and len(losses) == len(rates)}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=pathlib.Path, required=True)
+    p.add_argument("--corpus", type=pathlib.Path, required=True)
+    p.add_argument("--rates", type=float, nargs="+", default=list(RATES))
+    p.add_argument("--steps", type=int, default=2400)
+    p.add_argument("--warmup", type=int, default=250)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--eval-examples", type=int, default=2000)
+    p.add_argument("--vocab", type=pathlib.Path, help="a tokenizer.model every run reads "
+                   "(default: the first grid run trains one; give it when several processes "
+                   "share the sweep, e.g. lm_claims' runs/lm/dense/tokenizer.model)")
+    p.add_argument("--runs", nargs="+", help="train only these (default: every unfinished "
+                   "grid run, then the constant-schedule runs at the best rates)")
+    p.add_argument("--report", action="store_true", help="only collect what has run")
+    harness.publish_argument(p)
+    args = p.parse_args(argv)
+    if harness.missing_corpus(args.corpus):
+        return 2
+    if any(r <= 0 or not math.isfinite(r) for r in args.rates):
+        print(f"error: --rates {args.rates}: every rate must be a positive number",
+              file=sys.stderr)
+        return 2
+    rates = sorted(set(args.rates))
+    flags = lm_claims.study(argparse.Namespace(
+        name="lr_sweep", corpus=args.corpus, steps=args.steps, eval_every=args.eval_every,
+        warmup=args.warmup, eval_examples=args.eval_examples)).flags
+
+    def study(best=None):
+        return harness.Study(name="lr_sweep", config="configs/lm_cpu.py",
+                             runs=runs(rates, args.steps, best), steps=args.steps,
+                             eval_every=args.eval_every, flags=flags, vocab=args.vocab,
+                             title="dense and Switch-8 by learning rate")
+    about = lambda s: harness.collect(s, args.out, harness.command_line("lr_sweep.py", args))  # noqa: E731
+    grid = study()
+    every = {r.name for r in runs(rates, args.steps, {m: r for m in MODELS for r in rates})}
+    unknown = sorted(set(args.runs or ()) - every)
+    if unknown:
+        print(f"error: --runs {unknown}: not runs of this sweep (names: MODEL_lrRATE or "
+              "MODEL_lrRATE_const, MODEL dense or switch_8, RATE one of --rates)",
+              file=sys.stderr)
+        return 2
+    wanted = lambda names: [n for n in names if not args.runs or n in args.runs]  # noqa: E731
+    if not args.report and wanted(r.name for r in grid.runs):
+        harness.run(grid, args.out, only=wanted(r.name for r in grid.runs))
+    best = {m: b["rate"] for m, b in best_rates(about(grid), rates).items()}
+    full = study(best)
+    consts = wanted(r.name for r in full.runs if r.name.endswith("_const"))
+    if not args.report and consts:
+        harness.run(full, args.out, only=consts)
+    result = about(full)
+    result["rates"] = rates
+    result["best"] = best_rates(result, rates)
+    result["switch_minus_dense"] = {
+        f"lr{r:g}": round(final(result, name("switch_8", r)) - final(result, name("dense", r)), 4)
+        for r in rates if final(result, name("switch_8", r)) is not None
+        and final(result, name("dense", r)) is not None}
+    b = result["best"]
+    if "dense" in b and "switch_8" in b:
+        result["switch_minus_dense"]["each_at_its_best"] = round(
+            b["switch_8"]["loss"] - b["dense"]["loss"], 4)
+
+    def plot(res: dict, path: pathlib.Path) -> None:
+        harness.plot_curves(res, path, {f"learning rate sweep, {args.steps} steps":
+                                        list(res["runs"])})
+    harness.write(result, args.out, plot, publish=args.publish)
+    print(json.dumps({"best": result["best"], "switch_minus_dense":
+                      result["switch_minus_dense"]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
