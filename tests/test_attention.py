@@ -221,7 +221,7 @@ def test_the_pallas_flash_kernel_matches_the_reference_with_bias_and_masks():
         with pltpu.force_tpu_interpret_mode():
             return (*jax.jit(f)(state, x, kv, bias), blind)
 
-    for T, S, causal in ((128, 128, True), (128, 128, False), (128, 256, False)):
+    for T, S, causal in ((128, 128, True), (128, 256, False)):
         mask = jnp.asarray(rng.random((B, T, S)) < 0.7).at[:, -2:].set(False)
         bias = jnp.asarray(rng.normal(size=(1, H, T, S)), jnp.float32)
         seed = rng.bit_generator.state
