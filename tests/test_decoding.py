@@ -71,7 +71,7 @@ def test_cached_equals_uncached_encoder_decoder(checkpoint):
 
 
 def test_cached_equals_uncached_decoder_only():
-    cfg = zoo.get("switch_tiny")
+    cfg = zoo.get("switch_tiny").replace(num_layers=2)     # a dense block's cache, a Switch one's
     # Evaluation capacity high enough that neither path drops tokens (their groups differ).
     cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, eval_capacity_factor=8.0))
     model = switchzoo.init(cfg, seed=3)

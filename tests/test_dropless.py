@@ -149,7 +149,7 @@ def test_generation_and_run_config_select_dropless():
     import switchzoo
     from switchzoo.configs import demo
     from switchzoo import state, zoo
-    base = zoo.get("switch_tiny")
+    base = zoo.get("switch_tiny").replace(num_layers=2)     # a dense block, a Switch one
     roomy = base.replace(moe=dataclasses.replace(base.moe, eval_capacity_factor=float(8),
                                                  min_capacity=1, dispatch="einsum"))
     drop = roomy.replace(moe=dataclasses.replace(roomy.moe, dispatch="dropless"))

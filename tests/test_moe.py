@@ -23,6 +23,14 @@ def make(top_k=1, capacity_factor=4.0, group_size=16, seed=0, **kw):
     return SwitchFFN(D, F, cfg, nnx.Rngs(seed))
 
 
+# The layer under test runs compiled, one program per call signature (as in a model), not op
+# by op: eager execution compiles each of its ~100 operations on its own, per shape (~1,000
+# compiles in this file). (Each call is a new trace: the module's weights are its arguments.)
+@nnx.jit
+def run(module, *args, **kwargs):
+    return module(*args, **kwargs)
+
+
 def oracle(ffn: SwitchFFN, x_BLD, capacity: int):
     """Token by token, in position order; every first choice before any second choice; each
     expert takes ``capacity`` picks per group (worked out by the caller, not by the layer)."""
@@ -58,7 +66,7 @@ def oracle(ffn: SwitchFFN, x_BLD, capacity: int):
 def test_equals_per_token_loop_when_nothing_drops(top_k):
     ffn = make(top_k=top_k, capacity_factor=float(E))
     x = jax.random.normal(jax.random.key(1), (4, 8, D))
-    y, stats = ffn(x)
+    y, stats = run(ffn, x)
     want, kept = oracle(ffn, x, capacity=16)           # 16 tokens x 4.0 / 4 experts
     assert kept.all()
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
@@ -70,7 +78,7 @@ def test_low_capacity_drops_exactly_the_over_capacity_tokens(top_k):
     """Top-1 and top-2 get the same slots (Switch eq. 3, not k x): top-2 drops more."""
     ffn = make(top_k=top_k, capacity_factor=0.5)
     x = jax.random.normal(jax.random.key(2), (4, 8, D))
-    y, stats = ffn(x)
+    y, stats = run(ffn, x)
     want, kept = oracle(ffn, x, capacity=2)            # 16 tokens x 0.5 / 4 experts
     assert 0 < (~kept).sum() < kept.size, "the test needs some drops and some kept"
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
@@ -126,13 +134,13 @@ def test_aux_and_z_losses_match_their_formulas():
 def test_jitter_and_expert_dropout_only_in_training():
     x = jax.random.normal(jax.random.key(4), (2, 8, D))
     plain = make()
-    want = np.asarray(plain(x)[0])
+    want = np.asarray(run(plain, x)[0])
     # Without jitter or dropout a training call computes what evaluation does.
-    np.testing.assert_array_equal(plain(x, rng=jax.random.key(5))[0], want)
+    np.testing.assert_array_equal(run(plain, x, rng=jax.random.key(5))[0], want)
     for kw in (dict(jitter=0.1), dict(expert_dropout=0.5), dict(jitter=0.1, expert_dropout=0.5)):
         ffn = make(**kw)                                  # the same weights as ``plain``
-        np.testing.assert_array_equal(ffn(x)[0], want)    # evaluation ignores both
-        assert not np.allclose(ffn(x, rng=jax.random.key(5))[0], want), kw   # each on its own
+        np.testing.assert_array_equal(run(ffn, x)[0], want)    # evaluation ignores both
+        assert not np.allclose(run(ffn, x, rng=jax.random.key(5))[0], want), kw   # each on its own
 
 
 def expert_outputs(ffn: SwitchFFN, x_BLD):
@@ -161,10 +169,10 @@ def test_jitter_alone_changes_the_routing_not_the_experts():
         assert np.all(np.take_along_axis(misfit, e[..., None], -1) < 1e-5), "not one expert"
         return e, np.take_along_axis(gate, e[..., None], -1)[..., 0]
 
-    e_eval, g_eval = expert_and_gate(ffn(x)[0])
+    e_eval, g_eval = expert_and_gate(run(ffn, x)[0])
     np.testing.assert_array_equal(e_eval, probs.argmax(-1))
     np.testing.assert_allclose(g_eval, probs.max(-1), rtol=1e-4)
-    e_train, g_train = expert_and_gate(ffn(x, rng=jax.random.key(5))[0])
+    e_train, g_train = expert_and_gate(run(ffn, x, rng=jax.random.key(5))[0])
     assert 0 < np.sum(e_train != e_eval) < e_eval.size / 2, "jitter should move a few choices"
     same = e_train == e_eval
     assert np.abs(g_train[same] - g_eval[same]).max() > 1e-3          # and the gates
@@ -189,8 +197,8 @@ def test_jitter_multiplies_the_router_input_by_uniform_noise_in_1_pm_j():
 def test_router_runs_in_float32_for_bfloat16_activations():
     ffn = make()
     x = jax.random.normal(jax.random.key(7), (2, 8, D)).astype(jnp.bfloat16)
-    assert ffn.router(x).dtype == jnp.float32
-    y, stats = ffn(x)
+    assert run(ffn.router, x).dtype == jnp.float32
+    y, stats = run(ffn, x)
     assert y.dtype == jnp.bfloat16 and stats["aux_loss"].dtype == jnp.float32
 
 
@@ -207,7 +215,7 @@ def test_groups_are_the_fewest_of_at_most_group_size_that_split_evenly():
                                          r"of 1 \(moe.group_size 64\)"):
         moe.num_groups(1, 229, 64)            # a prime count: capacity would mean nothing
     ffn = make(group_size=16)
-    y, _ = ffn(jnp.ones((3, 8, D)))                     # 24 tokens route as 2 groups of 12
+    y, _ = run(ffn, jnp.ones((3, 8, D)))                # 24 tokens route as 2 groups of 12
     assert y.shape == (3, 8, D)
 
 
@@ -246,8 +254,8 @@ def test_padding_is_not_routed_and_takes_no_capacity():
     x = jax.random.normal(jax.random.key(8), (2, 8, D))
     valid = jnp.array([[1] * 5 + [0] * 3, [1] * 8], bool)
     noisy = x.at[0, 5:].set(jax.random.normal(jax.random.key(9), (3, D)) * 10)
-    y1, s1 = ffn(x, valid_BL=valid)
-    y2, s2 = ffn(noisy, valid_BL=valid)
+    y1, s1 = run(ffn, x, valid_BL=valid)
+    y2, s2 = run(ffn, noisy, valid_BL=valid)
     np.testing.assert_allclose(y1[1], y2[1], rtol=1e-6)   # row 1 cannot see row 0's padding
     assert np.all(np.asarray(y1)[0, 5:] == 0)
     np.testing.assert_allclose(float(s1["aux_loss"]), float(s2["aux_loss"]), rtol=1e-6)
@@ -259,8 +267,8 @@ def test_training_uses_the_train_capacity_factor():
                     eval_capacity_factor=float(E))
     ffn = SwitchFFN(D, F, cfg, nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(10), (2, 8, D))
-    assert float(ffn(x)[1]["dropped_fraction"]) == 0.0
-    assert float(ffn(x, rng=jax.random.key(0))[1]["dropped_fraction"]) >= 0.5
+    assert float(run(ffn, x)[1]["dropped_fraction"]) == 0.0
+    assert float(run(ffn, x, rng=jax.random.key(0))[1]["dropped_fraction"]) >= 0.5
 
 
 @pytest.mark.parametrize("dispatch, router", [
@@ -275,13 +283,13 @@ def test_padding_counts_in_no_metric_and_a_batch_of_padding_in_none(dispatch, ro
     ffn = SwitchFFN(D, F, cfg, nnx.Rngs(0), encoder=True)
     x = jax.random.normal(jax.random.key(12), (2, 8, D))
     keys = ("dropped_fraction", "expert_load", "router_confidence")
-    _, alone = ffn(x[1:])                                     # row 1 is its own group
-    _, padded = ffn(x, valid_BL=jnp.ones((2, 8), bool).at[0].set(False))   # row 0 pads
+    _, alone = run(ffn, x[1:])                                # row 1 is its own group
+    _, padded = run(ffn, x, valid_BL=jnp.ones((2, 8), bool).at[0].set(False))  # row 0 pads
     if dispatch == "einsum":
         assert float(alone["dropped_fraction"]) > 0, "the test needs drops"
     for k in keys:
         np.testing.assert_allclose(padded[k], alone[k], rtol=1e-6, err_msg=k)
     assert float(alone["routed_tokens"]) == float(padded["routed_tokens"]) == 8
-    _, empty = ffn(x, valid_BL=jnp.zeros((2, 8), bool))
+    _, empty = run(ffn, x, valid_BL=jnp.zeros((2, 8), bool))
     for k in keys + ("routed_tokens",):
         np.testing.assert_array_equal(empty[k], 0.0, err_msg=k)
