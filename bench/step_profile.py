@@ -82,7 +82,6 @@ def classify(name: str, op: tuple | None) -> tuple[str, str, str]:
 
 def profile_ours(step, steps: int, trace_dir: str) -> dict:
     import jax
-    from jax.profiler import ProfileData
     text = step.compiled().as_text()
     if os.environ.get("SWITCHZOO_HLO_OUT"):
         open(os.environ["SWITCHZOO_HLO_OUT"], "w").write(text)
@@ -96,18 +95,8 @@ def profile_ours(step, steps: int, trace_dir: str) -> dict:
     wall = (time.perf_counter() - start) / steps
     jax.profiler.stop_trace()
     path = sorted(glob.glob(os.path.join(trace_dir, "plugins/profile/*/*.xplane.pb")))[-1]
-    totals, count = collections.Counter(), collections.Counter()
-    for plane in ProfileData.from_file(path).planes:
-        for line in plane.lines:
-            if not line.name.startswith("tf_XLA"):
-                continue
-            for e in line.events:
-                if e.name.startswith(RUNTIME):
-                    continue
-                key = classify(e.name, ops.get(e.name))
-                totals[key] += e.duration_ns / 1e6 / steps
-                count[key] += 1 / steps
-    return summarise(totals, count, wall * 1e3)
+    import gpu_profile                     # the attribution of every device op, CPU or GPU
+    return gpu_profile.attribute(path, ops, steps, wall * 1e3)
 
 
 # ------------------------------------------------------------------------------ transformers

@@ -8,7 +8,7 @@ import math
 # named after the jax.checkpoint policy each stands for (switchzoo.transformer.REMAT_POLICIES):
 # "minimal" keeps the projections and the attention context, MaxText's minimal_with_context.
 REMAT = ("none", "full", "dots", "minimal")
-# How attention runs (switchzoo.layers.attention_impl decides "auto" once per run): the
+# How attention runs (switchzoo.attention_impl.attention_impl decides "auto" once per run): the
 # reference einsums, jax.nn.dot_product_attention's XLA or cuDNN (fused) implementation, or
 # JAX's Pallas flash-attention kernel for TPUs (jax.experimental.pallas.ops.tpu).
 ATTENTION = ("auto", "reference", "xla", "cudnn", "pallas")
@@ -192,7 +192,7 @@ class ModelConfig:
     remat: str = "none"                  # one of REMAT
     # attention: one of ATTENTION; "auto" is cuDNN's fused kernel on a GPU with bfloat16/float16
     # activations, the Pallas flash kernel on a TPU, else the reference einsums
-    # (layers.attention_impl says which and why).
+    # (switchzoo.attention_impl says which and why).
     attention: str = "auto"
     # Pipelining (switchzoo/pipeline.py), where the layout splits 'layers' over a stage axis:
     # micro-batches per step (0: as many as stages) and rounds of a circular schedule (1: GPipe).

@@ -28,7 +28,7 @@ import numpy as np
 from switchzoo import inspector, layout as layout_lib, machine, validate, weights
 from switchzoo import state as state_lib
 from switchzoo.data import span_corruption, tokenizer as tokenizer_lib
-from switchzoo.layers import attention_impl
+from switchzoo.attention_impl import attention_impl
 
 
 def devices_needed(config, devices: int | None) -> int:

@@ -26,7 +26,7 @@ from switchzoo import pipeline
 from switchzoo import state as state_lib
 from switchzoo import steps, zoo
 from switchzoo.config import ATTENTION, REMAT
-from switchzoo.layers import attention_impl
+from switchzoo.attention_impl import attention_impl
 
 COLLECTIVES = ("all-to-all", "all-reduce", "all-gather", "reduce-scatter", "collective-permute")
 # An instruction is "%name = SHAPE op(operands)"; SHAPE may be a tuple with spaces in it.

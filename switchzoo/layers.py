@@ -4,7 +4,6 @@ parameter carries ``dims`` metadata from switchzoo.dims; key activations are pin
 ``layout.constrain``. Shapes live in the suffixes (``x_BLD``)."""
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -13,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from switchzoo.attention_impl import flash
 from switchzoo.draws import param
 from switchzoo.layout import constrain
 
@@ -120,134 +120,6 @@ class RelativePositionBias(nnx.Module):
         return jnp.transpose(bias_BTSH, (0, 3, 1, 2))     # [B, H, T, S]
 
 
-class AttentionImpl(NamedTuple):
-    """How a model's attention runs: ``name`` "reference" (the einsums of Attention.attend),
-    "xla" or "cudnn" (jax.nn.dot_product_attention's implementations) or "pallas" (JAX's
-    flash-attention kernel for TPUs), and why. ``strict``: asked for by name, so a call it
-    cannot serve is an error rather than the reference path (cuDNN and Pallas; "xla" falls
-    back like "auto")."""
-    name: str
-    reason: str
-    strict: bool = False
-
-    def __str__(self):
-        return f"{self.name} ({self.reason})"
-
-
-def attention_impl(cfg, backend: str | None = None) -> AttentionImpl:
-    """ModelConfig.attention resolved for ``backend`` (default: JAX's): the one place "auto" is
-    decided. Auto is cuDNN's fused kernel on a GPU with bfloat16/float16 activations whose head
-    width it takes and where it compiles (a small probe, once per process), else the reference
-    path. Either way, calls the fused kernel cannot serve run the reference path (attention
-    dropout in training, decoding against a cache: Attention.attend)."""
-    backend = backend or jax.default_backend()
-    if cfg.attention == "reference":
-        return AttentionImpl("reference", "asked for")
-    if cfg.attention == "xla":
-        impl = AttentionImpl("xla", "jax.nn.dot_product_attention, implementation='xla'")
-    elif cfg.attention == "pallas" or (cfg.attention == "auto" and backend == "tpu"):
-        if backend != "tpu":
-            raise ValueError(f"attention='pallas' cannot run here: {backend} backend: the "
-                             "Pallas flash-attention kernel runs on TPUs; set attention "
-                             "(--config.attention) to auto, xla or reference")
-        failed = _pallas_probe(cfg.dtype, cfg.num_heads, cfg.d_kv)
-        if failed and cfg.attention == "pallas":
-            raise ValueError(f"attention='pallas' did not compile here: {failed}; set "
-                             "attention (--config.attention) to auto, xla or reference")
-        if failed:
-            return AttentionImpl("reference", f"the Pallas flash kernel did not compile: "
-                                              f"{failed}")
-        impl = AttentionImpl("pallas", "Pallas flash attention" + (
-            ", asked for" if cfg.attention == "pallas" else ""),
-            strict=cfg.attention == "pallas")
-    else:
-        why = _cudnn_refusal(cfg, backend)
-        if cfg.attention == "cudnn" and why:
-            raise ValueError(f"attention='cudnn' cannot run here: {why}; set attention "
-                             "(--config.attention) to auto, xla or reference")
-        if why:
-            return AttentionImpl("reference", why)
-        if cfg.attention == "cudnn":
-            impl = AttentionImpl("cudnn", "fused, asked for", strict=True)
-        else:
-            failed = _cudnn_probe(cfg.dtype, cfg.num_heads, cfg.d_kv)
-            if failed:
-                return AttentionImpl("reference", f"cuDNN's fused kernel did not compile: "
-                                                  f"{failed}")
-            impl = AttentionImpl("cudnn", "fused")
-    if cfg.dropout > 0:
-        impl = impl._replace(reason=f"{impl.reason}; training steps run the reference path "
-                                    f"for attention dropout (dropout={cfg.dropout:g})")
-    return impl
-
-
-@functools.lru_cache
-def _pallas_probe(dtype: str, heads: int, d_kv: int) -> str:
-    """'' if the Pallas flash kernel compiles forward and backward with a bias on small shapes
-    (128 queries and keys: its block size), else the first line of the error."""
-    shape = jax.ShapeDtypeStruct((1, heads, 128, d_kv), jnp.dtype(dtype))
-
-    def loss(q, k, v, bias):
-        return jnp.sum(_flash(q, k, v, bias, causal=True).astype(jnp.float32))
-    try:
-        jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(
-            shape, shape, shape, jax.ShapeDtypeStruct((1, heads, 128, 128), jnp.float32)
-        ).compile()
-    except Exception as e:          # noqa: BLE001  (any refusal: keep the reference path)
-        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-    return ""
-
-
-def _flash(q_BHTK, k_BHSK, v_BHSK, bias_BHTS, causal: bool):
-    """JAX's Pallas flash attention for TPUs (blocks of 128 queries and keys); its backward
-    gives the bias's gradient too."""
-    from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
-    return flash_attention(q_BHTK, k_BHSK, v_BHSK, bias_BHTS, causal=causal, sm_scale=1.0)
-
-
-def _cudnn_refusal(cfg, backend: str) -> str:
-    """Why cuDNN's fused kernel cannot serve ``cfg`` on ``backend`` ('' if it can): it runs on
-    NVIDIA GPUs, in bfloat16/float16, heads of a multiple of 8 up to 128 wide (256 on Hopper
-    and later). jax/_src/cudnn/fused_attention_stablehlo.py: check_layout and
-    check_is_flash_attention."""
-    if backend != "gpu":
-        return f"{backend} backend: cuDNN's fused kernel runs on NVIDIA GPUs"
-    if cfg.dtype not in ("bfloat16", "float16"):
-        return f"{cfg.dtype} activations: cuDNN's fused kernel takes bfloat16 or float16"
-    capability = getattr(jax.devices(backend)[0], "compute_capability", "0.0")
-    widest = 256 if tuple(int(x) for x in capability.split(".")[:2]) >= (9, 0) else 128
-    if cfg.d_kv % 8 or cfg.d_kv > widest:
-        return (f"d_kv={cfg.d_kv}: cuDNN's fused kernel takes a multiple of 8 up to {widest} "
-                "on this GPU")
-    return ""
-
-
-@functools.lru_cache
-def _cudnn_probe(dtype: str, heads: int, d_kv: int) -> str:
-    """'' if cuDNN compiles the forward and backward of both attentions a model runs on small
-    shapes (self: relative-position bias [1, H, T, S], mask, causal; cross: mask only, S != T),
-    else the first line of its error: auto then keeps the reference path rather than fail the
-    run (a missing cuDNN, an unsupported GPU or bias gradient)."""
-    dt = jnp.dtype(dtype)
-    B, T, S = 2, 16, 32
-
-    def loss(q, k, v, kx, vx, bias):
-        mask = jnp.ones((B, 1, T, T), bool).at[:, :, :, T // 2:].set(False)
-        self_ = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=1.0,
-                                             is_causal=True, implementation="cudnn")
-        cross = jax.nn.dot_product_attention(q, kx, vx, mask=jnp.ones((B, 1, T, S), bool),
-                                             scale=1.0, implementation="cudnn")
-        return jnp.sum((self_ + cross).astype(jnp.float32))
-    qkv = jax.ShapeDtypeStruct((B, T, heads, d_kv), dt)
-    kvx = jax.ShapeDtypeStruct((B, S, heads, d_kv), dt)
-    try:
-        jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5))).lower(
-            qkv, qkv, qkv, kvx, kvx, jax.ShapeDtypeStruct((1, heads, T, T), dt)).compile()
-    except Exception as e:          # noqa: BLE001  (any refusal: keep the reference path)
-        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-    return ""
-
-
 class Attention(nnx.Module):
     """Multi-head attention without biases or 1/sqrt(d_kv) (T5 folds it into the query's
     init, as flaxformer does: its std is the others' / sqrt(d_kv)). ``impl`` (an
@@ -291,17 +163,24 @@ class Attention(nnx.Module):
             return self._flash(x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS)
         if impl in ("xla", "cudnn"):
             return self._fused(impl, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS)
-        dt = x_BTD.dtype
-        q_BHTK = jnp.einsum("BTD,DHK->BHTK", x_BTD, self.q[...].astype(dt))
-        q_BHTK = checkpoint_name(constrain(q_BHTK, ("batch", "heads", "length", "d_kv")),
-                                 "query_proj")
+        q_BHTK = self._query(x_BTD)
         s_BHTS = jnp.einsum("BHTK,BHSK->BHTS", q_BHTK, k_BHSK).astype(jnp.float32)
         if bias_BHTS is not None:
             s_BHTS = s_BHTS + _rows(bias_BHTS, s_BHTS.shape[0])
         s_BHTS = s_BHTS + jnp.where(mask_BTS[:, None], 0.0, NEG_INF)
-        p_BHTS = dropout(jax.nn.softmax(s_BHTS, axis=-1).astype(dt), rate, rng)
-        out_BHTK = checkpoint_name(jnp.einsum("BHTS,BHSK->BHTK", p_BHTS, v_BHSK), "context")
-        out_BTD = jnp.einsum("BHTK,HKD->BTD", out_BHTK, self.o[...].astype(dt))
+        p_BHTS = dropout(jax.nn.softmax(s_BHTS, axis=-1).astype(x_BTD.dtype), rate, rng)
+        return self._out(checkpoint_name(jnp.einsum("BHTS,BHSK->BHTK", p_BHTS, v_BHSK),
+                                         "context"))
+
+    def _query(self, x_BTD):
+        """The queries [B, H, T, K] of the reference and flash paths (tagged for remat)."""
+        q_BHTK = jnp.einsum("BTD,DHK->BHTK", x_BTD, self.q[...].astype(x_BTD.dtype))
+        return checkpoint_name(constrain(q_BHTK, ("batch", "heads", "length", "d_kv")),
+                               "query_proj")
+
+    def _out(self, ctx_BHTK):
+        """The output projection of a context [B, H, T, K] (tagged for remat)."""
+        out_BTD = jnp.einsum("BHTK,HKD->BTD", ctx_BHTK, self.o[...].astype(ctx_BHTK.dtype))
         return checkpoint_name(constrain(out_BTD, ("batch", "length", "d_model")), "out_proj")
 
     def _serving(self, T: int, S: int, rate: float, rng) -> str:
@@ -329,10 +208,7 @@ class Attention(nnx.Module):
         """The Pallas flash kernel (TPU): the kernel takes one bias per row and head, so the
         mask joins the bias as NEG_INF (as the reference adds it); causal attention also
         skips the blocks above the diagonal."""
-        dt = x_BTD.dtype
-        q_BHTK = jnp.einsum("BTD,DHK->BHTK", x_BTD, self.q[...].astype(dt))
-        q_BHTK = checkpoint_name(constrain(q_BHTK, ("batch", "heads", "length", "d_kv")),
-                                 "query_proj")
+        q_BHTK = self._query(x_BTD)
         B, H, T, S = q_BHTK.shape[0], q_BHTK.shape[1], q_BHTK.shape[2], k_BHSK.shape[2]
         bias = None
         if mask_BTS is not None:
@@ -340,11 +216,9 @@ class Attention(nnx.Module):
         if bias_BHTS is not None:
             rows = _rows(bias_BHTS.astype(jnp.float32), B)
             bias = rows if bias is None else bias + rows
-        ctx_BHTK = _flash(q_BHTK, k_BHSK, v_BHSK, bias, self.causal)
-        ctx_BHTK = checkpoint_name(constrain(ctx_BHTK, ("batch", "heads", "length", "d_kv")),
-                                   "context")
-        out_BTD = jnp.einsum("BHTK,HKD->BTD", ctx_BHTK, self.o[...].astype(dt))
-        return checkpoint_name(constrain(out_BTD, ("batch", "length", "d_model")), "out_proj")
+        ctx_BHTK = flash(q_BHTK, k_BHSK, v_BHSK, bias, self.causal)
+        return self._out(checkpoint_name(
+            constrain(ctx_BHTK, ("batch", "heads", "length", "d_kv")), "context"))
 
     def _fused(self, impl: str, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS):
         """jax.nn.dot_product_attention (layout [B, T, heads, d_kv]; scale 1: T5 folds it into

@@ -25,7 +25,7 @@ from switchzoo import workdir as workdir_lib
 from switchzoo.data import feed as feed_lib
 from switchzoo.data import pipeline
 from switchzoo.data import tokenizer as tokenizer_lib
-from switchzoo.layers import attention_impl
+from switchzoo.attention_impl import attention_impl
 
 
 def check_workdir(workdir: pathlib.Path, config) -> None:

@@ -17,8 +17,9 @@ from switchzoo import config as config_lib
 from switchzoo import dims as dims_lib
 from switchzoo import pipeline
 from switchzoo.config import ModelConfig
+from switchzoo.attention_impl import attention_impl
 from switchzoo.layers import (MINIMAL_SAVED, Attention, Embed, Init, Mlp, RelativePositionBias,
-                              RMSNorm, attention_impl, dropout, split)
+                              RMSNorm, dropout, split)
 from switchzoo.layout import active, constrain
 from switchzoo.moe import BALANCE_STATS, SwitchFFN
 from switchzoo.routing import Balance, pooled_aux_loss

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from switchzoo import layers, transformer, validate
+from switchzoo import attention_impl, layers, transformer, validate
 from switchzoo.config import ModelConfig
 from switchzoo.configs import base
 
@@ -158,38 +158,52 @@ def test_xla_and_reference_attention_compute_the_per_row_bias_oracle(cfg):
     assert float(jnp.max(jnp.abs(oracle(no_bias, cfg, batch) - want_logits))) > 1e-2
 
 
+def layer_vjp(impl, x, kv, bias, mask, cot, causal, strict=False):
+    """One Attention (``bias``'s heads, each 8 wide) under ``impl``: (output, the VJP of ``cot`` into its state, x, kv and bias, the rows that see
+    nothing), their cotangent zeroed (padding: no loss)."""
+    H, K = bias.shape[1], 8
+    attn = layers.Attention(x.shape[-1], H, K, nnx.Rngs(params=0), impl=impl, causal=causal,
+                            strict=strict)
+    graphdef, state = nnx.split(attn)
+    T, S = x.shape[1], kv.shape[1]
+    m = mask & jnp.tril(jnp.ones((T, S), bool)) if causal else mask
+    blind = ~jnp.any(m, axis=-1)
+
+    @jax.jit
+    def f(state, x, kv, bias):
+        def attend(state, x, kv, bias):
+            a = nnx.merge(graphdef, state)
+            return a.attend(x, *a.project_kv(kv), bias, m)
+        out, vjp = jax.vjp(attend, state, x, kv, bias)
+        return out, vjp(jnp.where(blind[..., None], 0.0, cot))
+    return (*f(state, x, kv, bias), blind)
+
+
+def assert_same_layer(out, grads, blind, want, want_grads, tol: float):
+    """Finite outputs and gradients, equal to the reference's within ``tol`` (outputs outside
+    the rows that see nothing)."""
+    assert bool(jnp.all(jnp.isfinite(out)))
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+    assert float(jnp.max(jnp.where(blind[..., None], 0, jnp.abs(out - want)))) < tol
+    assert max_diff(grads, want_grads) < tol
+
+
+def inputs(rng, B, T, S, D, H, seen=0.6):
+    """x, kv, bias [1, H, T, S], a mask whose last 2 rows see nothing, and a cotangent."""
+    normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
+    mask = jnp.asarray(rng.random((B, T, S)) < seen).at[:, -2:].set(False)
+    return normal(B, T, D), normal(B, S, D), normal(1, H, T, S), mask, normal(B, T, D)
+
+
 def test_the_layer_under_xla_matches_the_reference_with_fully_masked_rows():
     """One Attention: outputs and gradients (inputs, q/k/v/o, bias [1, H, T, S]) of the xla
     path equal the reference's; rows with nothing to attend to (padding in cross-attention)
     give no NaN."""
-    B, T, S, D, H, K = 2, 6, 10, 16, 4, 8
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.normal(size=(B, T, D)), jnp.float32)
-    kv = jnp.asarray(rng.normal(size=(B, S, D)), jnp.float32)
-    bias = jnp.asarray(rng.normal(size=(1, H, T, S)), jnp.float32)
-    mask = jnp.asarray(rng.random((B, T, S)) < 0.6).at[:, -2:].set(False)   # 2 rows see nothing
-    cot = jnp.asarray(rng.normal(size=(B, T, D)), jnp.float32)
-
-    def run(impl, causal):
-        attn = layers.Attention(D, H, K, nnx.Rngs(params=0), impl=impl, causal=causal)
-        graphdef, state = nnx.split(attn)
-        m = mask & jnp.tril(jnp.ones((T, S), bool)) if causal else mask
-        blind = ~jnp.any(m, axis=-1)          # rows that see nothing: padding, no loss
-
-        @jax.jit
-        def f(state, x, kv, bias):
-            def attend(state, x, kv, bias):
-                a = nnx.merge(graphdef, state)
-                return a.attend(x, *a.project_kv(kv), bias, m)
-            out, vjp = jax.vjp(attend, state, x, kv, bias)
-            return out, vjp(jnp.where(blind[..., None], 0.0, cot))
-        return *f(state, x, kv, bias), blind
+    args = inputs(np.random.default_rng(0), B=2, T=6, S=10, D=16, H=4)
     for causal in (False, True):
-        (out, grads, blind), (want, want_grads, _) = run("xla", causal), run("reference", causal)
-        assert bool(jnp.all(jnp.isfinite(out)))
-        assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
-        assert float(jnp.max(jnp.where(blind[..., None], 0, jnp.abs(out - want)))) < 1e-5
-        assert max_diff(grads, want_grads) < 1e-5
+        (out, grads, blind), (want, want_grads, _) = (layer_vjp(impl, *args, causal)
+                                                      for impl in ("xla", "reference"))
+        assert_same_layer(out, grads, blind, want, want_grads, 1e-5)
 
 
 def test_the_pallas_flash_kernel_matches_the_reference_with_bias_and_masks():
@@ -199,51 +213,23 @@ def test_the_pallas_flash_kernel_matches_the_reference_with_bias_and_masks():
     nothing give no NaN. Lengths that are not multiples of its 128-wide blocks run the
     reference path, or are refused in one line when the kernel was asked for by name."""
     from jax.experimental.pallas import tpu as pltpu
-    B, D, H, K = 2, 16, 2, 8
     rng = np.random.default_rng(0)
+    with pltpu.force_tpu_interpret_mode():
+        for T, S, causal in ((128, 128, True), (128, 256, False)):
+            args = inputs(rng, B=2, T=T, S=S, D=16, H=2, seen=0.7)
+            (out, grads, blind), (want, want_grads, _) = (layer_vjp(impl, *args, causal)
+                                                          for impl in ("pallas", "reference"))
+            assert_same_layer(out, grads, blind, want, want_grads, 1e-4)
+            assert float(jnp.max(jnp.abs(grads[3]))) > 1e-3      # the bias has a gradient
 
-    def run(impl, T, S, causal, mask, bias, strict=False):
-        x = jnp.asarray(rng.normal(size=(B, T, D)), jnp.float32)
-        kv = jnp.asarray(rng.normal(size=(B, S, D)), jnp.float32)
-        cot = jnp.asarray(rng.normal(size=(B, T, D)), jnp.float32)
-        attn = layers.Attention(D, H, K, nnx.Rngs(params=0), impl=impl, causal=causal,
-                                strict=strict)
-        graphdef, state = nnx.split(attn)
-        m = mask & jnp.tril(jnp.ones((T, S), bool)) if causal else mask
-        blind = ~jnp.any(m, axis=-1)
-
-        def f(state, x, kv, bias):
-            def attend(state, x, kv, bias):
-                a = nnx.merge(graphdef, state)
-                return a.attend(x, *a.project_kv(kv), bias, m)
-            out, vjp = jax.vjp(attend, state, x, kv, bias)
-            return out, vjp(jnp.where(blind[..., None], 0.0, cot))
-        with pltpu.force_tpu_interpret_mode():
-            return (*jax.jit(f)(state, x, kv, bias), blind)
-
-    for T, S, causal in ((128, 128, True), (128, 256, False)):
-        mask = jnp.asarray(rng.random((B, T, S)) < 0.7).at[:, -2:].set(False)
-        bias = jnp.asarray(rng.normal(size=(1, H, T, S)), jnp.float32)
-        seed = rng.bit_generator.state
-        out, grads, blind = run("pallas", T, S, causal, mask, bias)
-        rng.bit_generator.state = seed           # the same inputs for the reference
-        want, want_grads, _ = run("reference", T, S, causal, mask, bias)
-        assert bool(jnp.all(jnp.isfinite(out)))
-        assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
-        assert float(jnp.max(jnp.where(blind[..., None], 0, jnp.abs(out - want)))) < 1e-4
-        assert max_diff(grads, want_grads) < 1e-4
-        assert float(jnp.max(jnp.abs(grads[3]))) > 1e-3          # the bias has a gradient
-
-    mask = jnp.ones((B, 6, 6), bool)
-    bias = jnp.zeros((1, H, 6, 6), jnp.float32)
-    out, _, _ = run("pallas", 6, 6, True, mask, bias)           # the reference path serves
-    want, _, _ = run("reference", 6, 6, True, mask, bias)
-    assert out.shape == want.shape
-    with pytest.raises(ValueError, match=r"^attention='pallas' cannot serve lengths that are "
-                                         r"not multiples of 128 \(6 queries, 6 keys\)"):
-        run("pallas", 6, 6, True, mask, bias, strict=True)
+        args = inputs(rng, B=2, T=6, S=6, D=16, H=2)
+        out, _, _ = layer_vjp("pallas", *args, True)          # the reference path serves
+        assert out.shape == layer_vjp("reference", *args, True)[0].shape
+        with pytest.raises(ValueError, match=r"^attention='pallas' cannot serve lengths that "
+                                             r"are not multiples of 128 \(6 queries, 6 keys\)"):
+            layer_vjp("pallas", *args, True, strict=True)
     with pytest.raises(ValueError, match=r"^attention='pallas' cannot run here: cpu backend"):
-        layers.attention_impl(DECODER.replace(attention="pallas"), "cpu")
+        attention_impl.attention_impl(DECODER.replace(attention="pallas"), "cpu")
 
 
 def test_training_steps_with_attention_dropout_run_the_reference_path():
@@ -267,18 +253,18 @@ def test_training_steps_with_attention_dropout_run_the_reference_path():
 def test_auto_is_decided_once_with_its_reason_and_cudnn_where_it_cannot_run_is_refused(
         monkeypatch):
     # On a TPU, auto takes the Pallas flash kernel where its probe compiles, else the reference.
-    monkeypatch.setattr(layers, "_pallas_probe", lambda *a: "")
-    assert str(layers.attention_impl(DECODER, "tpu")) == "pallas (Pallas flash attention)"
-    monkeypatch.setattr(layers, "_pallas_probe", lambda *a: "ValueError: no")
-    assert str(layers.attention_impl(DECODER, "tpu")) == (
+    monkeypatch.setattr(attention_impl, "_pallas_probe", lambda *a: "")
+    assert str(attention_impl.attention_impl(DECODER, "tpu")) == "pallas (Pallas flash attention)"
+    monkeypatch.setattr(attention_impl, "_pallas_probe", lambda *a: "ValueError: no")
+    assert str(attention_impl.attention_impl(DECODER, "tpu")) == (
         "reference (the Pallas flash kernel did not compile: ValueError: no)")
-    auto = layers.attention_impl(DECODER, "cpu")
+    auto = attention_impl.attention_impl(DECODER, "cpu")
     assert (auto.name, str(auto)) == (
         "reference", "reference (cpu backend: cuDNN's fused kernel runs on NVIDIA GPUs)")
     # On a GPU, float32 activations keep the reference path (decided before any device query).
-    gpu = layers.attention_impl(DECODER, "gpu")
+    gpu = attention_impl.attention_impl(DECODER, "gpu")
     assert gpu.name == "reference" and gpu.reason.startswith("float32 activations")
-    assert str(layers.attention_impl(DECODER.replace(attention="xla", dropout=0.1), "cpu")) == (
+    assert str(attention_impl.attention_impl(DECODER.replace(attention="xla", dropout=0.1), "cpu")) == (
         "xla (jax.nn.dot_product_attention, implementation='xla'; training steps run the "
         "reference path for attention dropout (dropout=0.1))")
     with pytest.raises(ValueError, match=r"^attention='cudnn' cannot run here: cpu backend: "
