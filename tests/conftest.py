@@ -26,13 +26,15 @@ def _xla_knows(flag: str) -> bool:
     return probe.returncode == 0
 
 
-if _xla_knows(LEGACY_EMITTERS):
+# (The xdist workers inherit the first process's XLA_FLAGS, and with them its answer.)
+if LEGACY_EMITTERS in os.environ.get("XLA_FLAGS", "") or _xla_knows(LEGACY_EMITTERS):
     FAST_COMPILE += f" {LEGACY_EMITTERS}"
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {FAST_COMPILE}"
-                           " --xla_force_host_platform_device_count=8").strip()
+_flags = os.environ.get("XLA_FLAGS", "").split()
+os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in FAST_COMPILE.split() if f not in _flags]
+                                   + ["--xla_force_host_platform_device_count=8"])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One persistent compilation cache per test session (shared by the xdist workers and every
-# train.py process the tests start): the resume, preemption and multi-process tests compile the
+# One persistent compilation cache per test session, for every train.py / eval.py process the
+# tests start (not the test processes themselves: below): the resume, preemption and multi-process tests compile the
 # same steps again in new processes, and load them from here instead. It only saves time: a
 # cache entry is the executable XLA would have built for the same program and devices. Beside
 # it, the session's $SWITCHZOO_CACHE (what switchzoo.data.memo keeps: tokenizers trained on the
@@ -56,6 +58,13 @@ os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 os.environ.setdefault("SWITCHZOO_HUGE_PAGES", "0")
 
 import jax  # noqa: E402
+
+# The test processes themselves write only programs that took a second or more to compile (a
+# train step that a test builds again in the same process, e.g. a resumed loop.train): most of
+# their ~2,800 programs are small and compiled once, and serialising and writing each entry
+# costs ~9% of its compile. The processes the tests start write every program (above): each
+# train.py process reads its ~11 programs back from the one before it (~3 s of CPU each).
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 assert jax.device_count() == 8, "tests need 8 simulated devices: set XLA_FLAGS before jax loads"
 
