@@ -65,6 +65,10 @@ import jax  # noqa: E402
 # and lowers JAX programs (each trace allocates hundreds of thousands of small objects): ~5% of a
 # test process's CPU. The tests' processes collect 70x less often (at most a few MB more held).
 gc.set_threshold(50_000, 50, 100)
+# ... and so do the processes they start (train.py, eval.py, the benches: tests/site).
+_site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
+if _site not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_site, os.environ.get("PYTHONPATH")]))
 
 # The test processes themselves write only programs that took a second or more to compile (a
 # train step that a test builds again in the same process, e.g. a resumed loop.train): most of
