@@ -12,7 +12,7 @@ from switchzoo.config import MoeConfig
 from switchzoo.dropless import block_matmul
 from switchzoo.inspector import count_collectives
 from switchzoo.moe import SwitchFFN
-from tests.test_moe import oracle
+from tests.test_moe import oracle, run     # run: the layer compiled, not op by op
 
 D, F, E = 16, 32, 8
 
@@ -62,14 +62,14 @@ def test_equals_einsum_dispatch_when_nothing_drops(top_k, activation, impl):
 def test_equals_the_per_token_oracle_where_einsum_would_drop():
     einsum, drop = pair(top_k=2)
     x = jax.random.normal(jax.random.key(2), (4, 8, D))
-    y, stats = drop(x)
+    y, stats = run(drop, x)
     want, kept = oracle(einsum, x, capacity=16)      # every token of a 16-token group
     assert kept.all()
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
     # Low capacity drops tokens on the einsum path; dropless serves them all the same.
     low = SwitchFFN(D, F, dataclasses.replace(drop.cfg, train_capacity_factor=0.25,
                                               eval_capacity_factor=0.25), nnx.Rngs(0))
-    y_low, s_low = low(x)
+    y_low, s_low = run(low, x)
     np.testing.assert_allclose(y_low, want, rtol=1e-5, atol=1e-6)
     assert float(s_low["dropped_fraction"]) == 0.0
 
@@ -179,11 +179,12 @@ def test_auto_dispatch_is_dropless_only_where_nothing_can_drop():
     assert "while" in hlo(roomy) and "while" not in hlo(einsum) and "while" not in hlo(tight)
     everyone, kept_all = oracle(einsum, x, capacity=8)        # 8 tokens x 8.0 / 8 experts
     assert kept_all.all()
-    np.testing.assert_allclose(roomy(x)[0], everyone, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(roomy(x)[0], einsum(x)[0], rtol=1e-5, atol=1e-6)
+    y_roomy = run(roomy, x)[0]
+    np.testing.assert_allclose(y_roomy, everyone, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y_roomy, run(einsum, x)[0], rtol=1e-5, atol=1e-6)
     one_slot, kept = oracle(einsum, x, capacity=1)            # 8 tokens x 1.0 / 8 experts
     assert not kept.all(), "the test needs drops"
-    y_tight, stats = tight(x)
+    y_tight, stats = run(tight, x)
     np.testing.assert_allclose(y_tight, one_slot, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(stats["dropped_fraction"]), (~kept).mean(), rtol=1e-6)
 
