@@ -38,10 +38,15 @@ def wait_for(condition, proc=None, what=""):
 def start(workdir, steps, every):
     """train.py as a person at a terminal starts it: with Ctrl-C's default action, whatever
     the test session inherited (a background or nohup'd session ignores SIGINT, and train.py
-    keeps an ignored signal ignored)."""
-    return subprocess.Popen(command(workdir, steps, every), cwd=ROOT, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    keeps an ignored signal ignored). A signal with a handler here starts with its default
+    action in the new program, so Ctrl-C gets one for the moment of the start (not a preexec_fn:
+    that makes subprocess fork this multithreaded process, which Python warns against)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(command(workdir, steps, every), cwd=ROOT, env=ENV, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def run(argv, code):
