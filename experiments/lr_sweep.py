@@ -55,8 +55,10 @@ def runs(rates, steps: int, best: dict | None = None) -> list[Run]:
 
 
 def final(result: dict, run: str) -> float | None:
+    """The run's last held-out loss, once it has trained all its steps (a run still going, or
+    stopped early, has no final loss: its last evaluation is from an earlier step)."""
     r = result["runs"].get(run)
-    return None if r is None else r["eval_loss"][-1]
+    return r["eval_loss"][-1] if r and r.get("finished") and r["eval_loss"] else None
 
 
 def best_rates(result: dict, rates) -> dict:
@@ -69,7 +71,8 @@ def best_rates(result: dict, rates) -> dict:
             continue
         r = min(losses, key=losses.get)
         out[m] = {"rate": r, "loss": losses[r], "by_rate": {f"{k:g}": v for k, v in losses.items()},
-                  "at_edge": r in (min(rates), max(rates)) and len(losses) == len(rates)}
+                  "at_edge": r in (min(rates), max(rates)) and len(losses) == len(rates),
+                  "rates_not_finished": [k for k in rates if k not in losses]}
     return out
 
 

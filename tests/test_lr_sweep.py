@@ -23,17 +23,23 @@ def test_grid_and_constant_schedule_runs():
 
 
 def test_best_rate_and_its_edge_flag():
-    def result(losses):
-        return {"runs": {n: {"eval_loss": [9.0, v]} for n, v in losses.items()}}
+    def result(losses, going=()):
+        return {"runs": {n: {"eval_loss": [9.0, v], "finished": n not in going}
+                         for n, v in losses.items()}}
     rates = (0.005, 0.01, 0.02)
     best = lr_sweep.best_rates(result({"dense_lr0.005": 5.0, "dense_lr0.01": 4.8,
                                        "dense_lr0.02": 4.9, "switch_8_lr0.005": 5.0,
                                        "switch_8_lr0.01": 4.9, "switch_8_lr0.02": 4.7}), rates)
     assert best["dense"]["rate"] == 0.01 and not best["dense"]["at_edge"]
     assert best["switch_8"]["rate"] == 0.02 and best["switch_8"]["at_edge"]
-    partial = lr_sweep.best_rates(result({"dense_lr0.02": 4.9}), rates)
+    # A run still training (its last evaluation lower than any finished run's) is not read.
+    partial = lr_sweep.best_rates(result({"dense_lr0.02": 4.9, "dense_lr0.01": 4.0},
+                                         going=("dense_lr0.01",)), rates)
     assert partial == {"dense": {"rate": 0.02, "loss": 4.9, "by_rate": {"0.02": 4.9},
-                                 "at_edge": False}}        # an unfinished grid flags nothing
+                                 "at_edge": False,       # an unfinished grid flags nothing
+                                 "rates_not_finished": [0.005, 0.01]}}
+    assert lr_sweep.final(result({"dense_lr0.01": 4.0}, going=("dense_lr0.01",)),
+                          "dense_lr0.01") is None
 
 
 def test_refusals_in_one_line(tmp_path, capsys):
