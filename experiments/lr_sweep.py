@@ -139,8 +139,8 @@ def main(argv=None) -> int:
             b["switch_8"]["loss"] - b["dense"]["loss"], 4)
 
     def plot(res: dict, path: pathlib.Path) -> None:
-        harness.plot_curves(res, path, {f"learning rate sweep, {args.steps} steps":
-                                        list(res["runs"])})
+        harness.plot_curves(res, path, {f"learning rate sweep, {args.steps} steps":   # finished
+                                        [n for n, r in res["runs"].items() if r["finished"]]})
     harness.write(result, args.out, plot, publish=args.publish)
     print(json.dumps({"best": result["best"], "switch_minus_dense":
                       result["switch_minus_dense"]}, indent=1))
