@@ -34,8 +34,9 @@ os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in FAST_COMPILE.split() if 
                                    + ["--xla_force_host_platform_device_count=8"])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache per test session, for every train.py / eval.py process the
-# tests start (not the test processes themselves: below): the resume, preemption and multi-process tests compile the
-# same steps again in new processes, and load them from here instead. It only saves time: a
+# tests start (the test processes themselves write only their larger programs: below): the
+# resume, preemption and multi-process tests compile the same steps again in new processes, and
+# load them from here instead. It only saves time: a
 # cache entry is the executable XLA would have built for the same program and devices. Beside
 # it, the session's $SWITCHZOO_CACHE (what switchzoo.data.memo keeps: tokenizers trained on the
 # embedded corpus, harvested catalogues; the layout search's compiles), so nothing reaches the
@@ -63,7 +64,8 @@ import jax  # noqa: E402
 
 # Python's cycle collector, at its default thresholds, runs ~3,000 times while a test file traces
 # and lowers JAX programs (each trace allocates hundreds of thousands of small objects): ~5% of a
-# test process's CPU. The tests' processes collect 70x less often (at most a few MB more held).
+# test process's CPU. Here the youngest generation waits for 70x more allocations: ~10x fewer
+# collections (test_mesh_equivalence + test_decoding: 3,221 -> 346, 4.2 -> 0.6 s).
 gc.set_threshold(50_000, 50, 100)
 # ... and so do the processes they start (train.py, eval.py, the benches: tests/site).
 _site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
