@@ -79,11 +79,16 @@ def _pallas_probe(dtype: str, heads: int, d_kv: int) -> str:
 
     def loss(q, k, v, bias):
         return jnp.sum(flash(q, k, v, bias, causal=True).astype(jnp.float32))
+    return _compile_error(loss, shape, shape, shape,
+                          jax.ShapeDtypeStruct((1, heads, 128, 128), jnp.float32))
+
+
+def _compile_error(loss, *shapes) -> str:
+    """'' if the gradient of ``loss`` with respect to every argument compiles for ``shapes``,
+    else the first line of the error (any refusal: the caller keeps the reference path)."""
     try:
-        jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(
-            shape, shape, shape, jax.ShapeDtypeStruct((1, heads, 128, 128), jnp.float32)
-        ).compile()
-    except Exception as e:          # noqa: BLE001  (any refusal: keep the reference path)
+        jax.jit(jax.grad(loss, argnums=tuple(range(len(shapes))))).lower(*shapes).compile()
+    except Exception as e:          # noqa: BLE001
         return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
     return ""
 
@@ -130,9 +135,5 @@ def _cudnn_probe(dtype: str, heads: int, d_kv: int) -> str:
         return jnp.sum((self_ + cross).astype(jnp.float32))
     qkv = jax.ShapeDtypeStruct((B, T, heads, d_kv), dt)
     kvx = jax.ShapeDtypeStruct((B, S, heads, d_kv), dt)
-    try:
-        jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5))).lower(
-            qkv, qkv, qkv, kvx, kvx, jax.ShapeDtypeStruct((1, heads, T, T), dt)).compile()
-    except Exception as e:          # noqa: BLE001  (any refusal: keep the reference path)
-        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-    return ""
+    return _compile_error(loss, qkv, qkv, qkv, kvx, kvx,
+                          jax.ShapeDtypeStruct((1, heads, T, T), dt))
