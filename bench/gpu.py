@@ -3,12 +3,12 @@ grouped matmuls, train steps, Switch-Base-8, a profile and transformers on the s
 
     python bench/gpu.py --out out/gpu [--budget 470] [--only train_dense,peer] [--smoke]
 
-Each case (bench/gpu_cases.py; the transformers peer is below) runs in its own process under
-its own time limit, and all of them under --budget seconds: a case that fails, runs out of
-time or finds no time left is recorded as such and the run goes on. ``DIR/results.json`` is
-rewritten after every case (a case's partial results survive its time limit), the profile's
-full table goes to ``DIR/profile.json``. A measurement of an option this tree does not have
-yet is recorded as ``unsupported`` with the error that said so.
+Each case (bench/gpu_cases.py; the train steps bench/gpu_train.py; the transformers peer below)
+runs in its own process under its own time limit, and all of them under --budget seconds: a
+case that fails, runs out of time or finds no time left is recorded as such and the run goes
+on. ``DIR/results.json`` is rewritten after every case (a case's partial results survive its
+time limit), the profile's full table goes to ``DIR/profile.json``. A measurement of an option
+this tree does not have yet is recorded as ``unsupported`` with the error that said so.
 
 Layers are scanned (ModelConfig.scan_layers: compile time flat in depth, so every case fits
 the budget; --no-scan unrolls them), and XLA's FLOPs of a scanned step are counted on the
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import gpu_cases
+import gpu_train
 from common import Step
 from gpu_cases import SIZES, Record, gpu
 
@@ -60,10 +61,10 @@ def profile(rec, z, args):
     t = z.train
     try:
         model = "switch_index"
-        cfg = gpu_cases.train_config(z, model, scan=not args.no_scan)
+        cfg = gpu_train.train_config(z, model, scan=not args.no_scan)
     except gpu_cases.Unsupported:
         model = "switch_einsum"
-        cfg = gpu_cases.train_config(z, model, scan=not args.no_scan)
+        cfg = gpu_train.train_config(z, model, scan=not args.no_scan)
     step = Step(cfg, "data:1", "data_parallel", t.batch, t.length, jax.devices()[:1])
     step.run(2)
     summary = gpu_profile.trace(step, z.profile_steps)
@@ -156,8 +157,8 @@ def peer(rec, z, args):
 
 CASES = {"environment": gpu_cases.environment, "attention": gpu_cases.attention,
          "grouped_matmul": gpu_cases.grouped_matmul,
-         **{f"train_{m}": gpu_cases.train(m) for m in gpu_cases.MODELS},
-         "switch_base_8": gpu_cases.switch_base_8, "profile": profile, "peer": peer}
+         **{f"train_{m}": gpu_train.train(m) for m in gpu_train.MODELS},
+         "switch_base_8": gpu_train.switch_base_8, "profile": profile, "peer": peer}
 assert set(CASES) == set(LIMITS)
 
 
