@@ -14,6 +14,10 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
     dense       dense_sc_cpu      d_model 96, 2+2 layers, ReLU FFN 384, tied; 518k non-embedding
     switch_8    switch_sc_cpu_8   the second FFN of each stack a top-1 Switch layer, 8 experts
     dense_s1, switch_8_s1         the same at seed 1 (initialisation and data order), for noise
+    switch_8_zloss, _router_lr10, _nojitter, _enc0
+                                  the encoder's router: one change each to switch_8 (router
+                                  z-loss 0.001, router updates x10, no jitter, the encoder's
+                                  Switch layer first); trained only when named in --runs
 
 32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
 encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
@@ -34,6 +38,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import harness  # noqa: E402
 import lm_claims  # noqa: E402
+import verdicts  # noqa: E402
 from harness import Run  # noqa: E402
 
 RUNS = [
@@ -42,13 +47,24 @@ RUNS = [
     Run("dense_s1", "dense_sc_cpu", seed=1, baseline="dense_s1"),
     Run("switch_8_s1", "switch_sc_cpu_8", seed=1, baseline="dense_s1"),
 ]
+# The encoder's router does not commit (its entropy stays near uniform's): what the literature
+# does about a router, each one change to switch_8 at seed 0 (trained only when named in --runs)
+ROUTER = [
+    Run("switch_8_zloss", "switch_sc_cpu_8", ("--config.moe.z_loss_weight=0.001",),
+        baseline="dense"),                               # ST-MoE's router z-loss
+    Run("switch_8_router_lr10", "switch_sc_cpu_8", ("--config.router_learning_rate_scale=10",),
+        baseline="dense"),                               # the routers' updates x10
+    Run("switch_8_nojitter", "switch_sc_cpu_8", ("--config.moe.jitter=0",),
+        baseline="dense"),                               # no router-input noise
+    Run("switch_8_enc0", "switch_sc_cpu_8_enc0", baseline="dense"),   # the encoder's first FFN
+]
 BATCH, INPUTS, TARGETS = 32, 128, 29
 
 
 def study(args) -> harness.Study:
     corpus = pathlib.Path(args.corpus).resolve()
     return harness.Study(
-        name=args.name, config="configs/c4_cpu.py", runs=RUNS, steps=args.steps,
+        name=args.name, config="configs/c4_cpu.py", runs=RUNS + ROUTER, steps=args.steps,
         eval_every=args.eval_every, title="Switch vs dense, span corruption on English prose",
         vocab=None if args.vocab is None else args.vocab.resolve(),
         flags=(f"--config.per_device_batch_size={BATCH}", "--config.data.source=files",
@@ -61,12 +77,42 @@ def study(args) -> harness.Study:
 def plot(result: dict, path: pathlib.Path) -> None:
     seeds = len({run.get("seed") for run in result["runs"].values()})
     title = f"span corruption: dense vs Switch-8, {seeds} seed{'s' if seeds > 1 else ''}"
-    harness.plot_curves(result, path, {title: [r.name for r in RUNS]})
+    panels = {title: [r.name for r in RUNS]}
+    router = [r.name for r in ROUTER if r.name in result["runs"]]
+    if router:
+        panels["the encoder's router: one change each to switch_8 (seed 0)"] = [
+            "dense", "switch_8", *router]
+    harness.plot_curves(result, path, panels)
+
+
+def router_effects(result: dict) -> dict:
+    """Each finished ROUTER run against switch_8 and dense (seed 0): its final held-out loss,
+    the margins, the verdict against dense under the study's noise rule (one seed: the
+    reference spread), and its routers' entropy over the last training interval beside
+    switch_8's ([encoder, decoder]; uniform over 8 experts is ln 8 = 2.079 nats)."""
+    runs = {n: r for n, r in result["runs"].items() if r["finished"]}
+    if "switch_8" not in runs or "dense" not in runs:
+        return {}
+    base, dense = runs["switch_8"], runs["dense"]
+    out = {}
+    for run in ROUTER:
+        r = runs.get(run.name)
+        if r is None:
+            continue
+        out[run.name] = {
+            "change": " ".join(run.flags) or f"model {run.model}",
+            "final_eval_loss": r["final_eval_loss"],
+            "minus_switch_8": round(r["final_eval_loss"] - base["final_eval_loss"], 4),
+            "minus_dense": round(r["final_eval_loss"] - dense["final_eval_loss"], 4),
+            "against_dense": verdicts.compare({**result, "runs": runs}, run.name, "dense"),
+            "router_entropy_train": r.get("router_entropy_train"),
+            "switch_8_router_entropy_train": base.get("router_entropy_train")}
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    lm_claims.arguments(p, "span_claims", RUNS, [r.name for r in RUNS])
+    lm_claims.arguments(p, "span_claims", RUNS + ROUTER, [r.name for r in RUNS])
     p.add_argument("--vocab", type=pathlib.Path, default=None,
                    help="lm_claims' tokenizer.model (runs/lm/dense/tokenizer.model), so both "
                         "studies read one vocabulary; without it the first run trains one")
@@ -97,6 +143,7 @@ def main(argv=None) -> int:
                                                                       1)
         result["supervised_target_tokens_per_run"] = dense["tokens_seen"]
     result["claims"] = lm_claims.claims(result)
+    result["router_effects"] = router_effects(result)
     harness.write(result, args.out, plot, publish=args.publish)
     print(lm_claims.markdown(result))
     print(json.dumps(result["claims"], indent=1))

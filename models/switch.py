@@ -216,6 +216,12 @@ MODELS.update({
                "prose (experiments/span_claims.py): switch_lm_cpu_8's width, 2+2 layers, the "
                "second FFN of each stack a Switch layer of 8 experts; not a published model",
     ),
+    "switch_sc_cpu_8_enc0": dict(
+        **_SC_CPU, moe=_lm_cpu_moe(8, encoder_sparse_layers=(0,), sparse_layers=(1,)),
+        source="switch_sc_cpu_8 with the encoder's Switch layer first (right after the "
+               "embedding) rather than second: the span study's encoder-router question "
+               "(experiments/span_claims.py); not a published model",
+    ),
     "dense_sc_cpu": dict(
         **_SC_CPU,
         source="FLOP-matched dense baseline of switch_sc_cpu_8 (not a published model)",

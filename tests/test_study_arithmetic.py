@@ -199,3 +199,29 @@ def test_a_result_goes_beside_its_runs_and_replaces_the_published_one_only_when_
     assert harness.write(result, out, plot, publish=True, docs=docs, log=lines.append) == published
     assert json.loads(published.read_text()) == result
     assert (docs / "figures" / "study.png").is_file()
+
+
+def test_span_router_effects_compare_each_change_with_switch_8_and_dense():
+    import span_claims
+    steps = [1200, 2400]
+    runs = {"dense": summary(steps, [4.0, 3.78], model="dense_sc_cpu", baseline="dense"),
+            "dense_s1": summary(steps, [4.1, 3.90], seed=1, model="dense_sc_cpu",
+                                baseline="dense_s1"),
+            "switch_8": summary(steps, [4.1, 3.83], model="switch_sc_cpu_8", baseline="dense",
+                                router_entropy_train=[1.84, 0.99]),
+            "switch_8_zloss": summary(steps, [4.0, 3.70], model="switch_sc_cpu_8",
+                                      flags=["--config.moe.z_loss_weight=0.001"],
+                                      baseline="dense", router_entropy_train=[1.2, 0.9]),
+            "switch_8_enc0": summary(steps, [4.2, 3.95], model="switch_sc_cpu_8_enc0",
+                                     baseline="dense", finished=False)}
+    out = span_claims.router_effects({"runs": runs})
+    assert list(out) == ["switch_8_zloss"]                  # an unfinished run is left out
+    z = out["switch_8_zloss"]
+    assert z["change"] == "--config.moe.z_loss_weight=0.001"
+    assert z["minus_switch_8"] == pytest.approx(-0.13) and z["minus_dense"] == pytest.approx(-0.08)
+    # one seed: judged against the reference spread, dense's two seeds 0.12 apart
+    assert z["against_dense"]["runs"] == ["switch_8_zloss", "dense"]
+    assert z["against_dense"]["better"] is True
+    assert z["router_entropy_train"] == [1.2, 0.9]
+    assert z["switch_8_router_entropy_train"] == [1.84, 0.99]
+    assert span_claims.router_effects({"runs": {"dense": runs["dense"]}}) == {}
