@@ -144,6 +144,22 @@ def test_a_short_distillation_run_writes_both_terms_and_resumes_without_reinit(t
     assert any("resuming at step 2" in x for x in lines), lines   # the checkpoint wins
 
 
+def test_weight_zero_starts_from_the_teacher_and_leaves_it_out_of_the_step(teacher):
+    """distill.weight 0 (the routing family's student_init): the student starts from the
+    teacher's weights, and its step is the labels' objective without the teacher's forward pass
+    (the same loss: test_weight_zero_is_exactly_the_plain_objective)."""
+    workdir, lines = teacher.parent / "student_init", []
+    config = run_config(teacher.parent, "mtf_lm1b_tiny", 1)
+    config.distill.teacher, config.distill.weight = str(teacher), 0.0
+    loop.train(config, workdir, print_fn=lines.append)
+    assert any(x.startswith("distill: copied") for x in lines), lines
+    assert any("distill.weight 0: it starts a fresh student" in x for x in lines), lines
+    assert not any(x.startswith("distilling teacher") for x in lines), lines
+    (row,) = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert "distill_ce" not in row                   # the teacher did not run in the step
+    assert row["loss"] == pytest.approx(row["cross_entropy"], rel=1e-6)
+
+
 def test_the_step_runs_a_switch_teacher_in_evaluation_mode():
     """The teacher's parameters are an argument of the one jitted step (in their own
     shardings, not donated, not constants), and it runs in evaluation mode: its probabilities
