@@ -1,6 +1,7 @@
-"""The cases of bench/gpu.py, each run in its own process: ``case(rec, z, args)`` fills ``rec``
-(a dict saved to disk on every change, so a case cut off by its time limit still leaves what
-it measured) at the sizes ``z`` (SIZES["full"] or SIZES["smoke"]); ``args``: gpu.py's flags.
+"""The cases of bench/gpu.py (the train steps: bench/gpu_train.py), each run in its own
+process: ``case(rec, z, args)`` fills ``rec`` (a dict saved to disk on every change, so a case
+cut off by its time limit still leaves what it measured) at the sizes ``z`` (SIZES["full"] or
+SIZES["smoke"]); ``args``: gpu.py's flags.
 
 A measurement of an option this tree does not have (a model field, a dispatch, a remat policy
 or a step argument another change adds) is recorded as ``unsupported`` with the error that

@@ -87,9 +87,11 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 def router_effects(result: dict) -> dict:
     """Each finished ROUTER run against switch_8 and dense (seed 0): its final held-out loss,
-    the margins, the verdict against dense under the study's noise rule (one seed: the
-    reference spread), and its routers' entropy over the last training interval beside
-    switch_8's ([encoder, decoder]; uniform over 8 experts is ln 8 = 2.079 nats)."""
+    the margins, the verdict against dense under the study's noise rule (one seed each: the
+    study's reference spread, which needs a model run at two seeds, e.g. dense and dense_s1;
+    without one the verdict says "no noise estimate"), and its routers' entropy over the last
+    training interval beside switch_8's ([encoder, decoder]; uniform over 8 experts: ln 8 =
+    2.079 nats)."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
     if "switch_8" not in runs or "dense" not in runs:
         return {}
@@ -146,7 +148,8 @@ def main(argv=None) -> int:
     result["router_effects"] = router_effects(result)
     harness.write(result, args.out, plot, publish=args.publish)
     print(lm_claims.markdown(result))
-    print(json.dumps(result["claims"], indent=1))
+    print(json.dumps({"claims": result["claims"], "router_effects": result["router_effects"]},
+                     indent=1))
     return 0
 
 

@@ -218,8 +218,8 @@ MODELS.update({
     ),
     "switch_sc_cpu_8_enc0": dict(
         **_SC_CPU, moe=_lm_cpu_moe(8, encoder_sparse_layers=(0,), sparse_layers=(1,)),
-        source="switch_sc_cpu_8 with the encoder's Switch layer first (right after the "
-               "embedding) rather than second: the span study's encoder-router question "
+        source="switch_sc_cpu_8 with the encoder's Switch layer in its first layer rather "
+               "than its second: the span study's encoder-router question "
                "(experiments/span_claims.py); not a published model",
     ),
     "dense_sc_cpu": dict(

@@ -216,7 +216,8 @@ def _train(config, workdir, print_fn, lock: workdir_lib.Lock, interrupts: Preemp
             ckpt.close()                      # no async machinery left behind a clean error
             raise
         start = int(state.step)
-        if teacher is not None and start == 0 and not config.init_from:   # a checkpoint wins
+        started = teacher is not None and start == 0 and not config.init_from
+        if started:                              # a checkpoint (or init_from) wins
             state = distill.start_from_teacher(state, teacher, print_fn)
         if lead:
             loaded += save_config(workdir, config, cfg, start)
@@ -232,27 +233,28 @@ def _train(config, workdir, print_fn, lock: workdir_lib.Lock, interrupts: Preemp
     announce(share.describe(ds.train.num_examples))
     if ds.train.reshaped:
         print_fn(ds.train.reshaped)
-    # distill.weight 0: the teacher only starts the student (its non-expert weights); the step
-    # is the labels' objective alone (distill_objective at weight 0 is exactly that), so the
-    # teacher's forward pass is left out of it
-    in_step = teacher if teacher is not None and config.distill.weight > 0 else None
-    if in_step is not None:
+    if teacher is not None and config.distill.weight > 0:
         print_fn(f"distilling teacher {teacher.run.directory} (step {teacher.step}): "
                  f"{config.distill.weight:g} x its probabilities + "
                  f"{1 - config.distill.weight:g} x the labels")
     elif teacher is not None:
-        print_fn(f"teacher {teacher.run.directory} (step {teacher.step}) with distill.weight "
-                 "0: it starts a fresh student, and the step trains on the labels alone "
-                 "without running it")
+        # distill.weight 0: the teacher at most starts the student (its non-expert weights);
+        # the step is the labels' objective alone (distill_objective at weight 0 is exactly
+        # that), so it runs without the teacher, whose parameters are let go
+        print_fn(f"distill.weight 0: teacher {teacher.run.directory} (step {teacher.step}) "
+                 + ("started the student" if started else
+                    "did not start the student (its checkpoint or init_from did)")
+                 + "; the step trains on the labels alone, without the teacher")
+        teacher = None
     step_fn = steps.make_train_step(setup, config.label_smoothing, config.grad_accum_steps,
-                                    in_step.setup if in_step else None, config.distill.weight,
+                                    teacher.setup if teacher else None, config.distill.weight,
                                     config.loss_chunk)
-    teacher_args = (in_step.params,) if in_step else ()    # an argument, never a constant
+    teacher_args = (teacher.params,) if teacher else ()    # an argument, never a constant
     # moe.straight_through_steps N > 0: the steps after the first N train the router without it
     st_last, plain = upcycle_lib.straight_through_phase(setup, origin, config.num_train_steps)
     plain_fn = step_fn if plain is None else steps.make_train_step(
         plain, config.label_smoothing, config.grad_accum_steps,
-        in_step.setup if in_step else None, config.distill.weight, config.loss_chunk)
+        teacher.setup if teacher else None, config.distill.weight, config.loss_chunk)
     eval_fn = steps.make_eval_step(setup)
     writer = metrics_lib.Writer(workdir, config.num_train_steps, start)
     last, throughput = {}, metrics_lib.Throughput()

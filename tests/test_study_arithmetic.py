@@ -225,3 +225,7 @@ def test_span_router_effects_compare_each_change_with_switch_8_and_dense():
     assert z["router_entropy_train"] == [1.2, 0.9]
     assert z["switch_8_router_entropy_train"] == [1.84, 0.99]
     assert span_claims.router_effects({"runs": {"dense": runs["dense"]}}) == {}
+    # without a model at two seeds there is no noise estimate, and the verdict says so
+    alone = {k: v for k, v in runs.items() if k != "dense_s1"}
+    e = span_claims.router_effects({"runs": alone})
+    assert e["switch_8_zloss"]["against_dense"]["verdict"] == "better, no noise estimate"
