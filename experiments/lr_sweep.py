@@ -5,7 +5,8 @@ T5's literal schedule shape, at the LM study's budget (issue 35, step 1).
     python experiments/lr_sweep.py --out runs/lr_sweep --corpus runs/corpus --report [--publish]
 
 Trains dense_lm_cpu and switch_lm_cpu_8 for --steps (2,400) at every rate of --rates
-(0.005, 0.01, 0.02, 0.04: a log grid around the probe's finding that 0.02 beats 0.01 for both),
+(0.005 ... 0.08: a log grid around the probe's finding that 0.02 beats 0.01 for both, 0.08
+added when dense at 0.04 led every lower rate),
 otherwise as experiments/lm_claims.py trains its dense and switch_8 (corpus, vocabulary, seed,
 data order, the rsqrt schedule in T5's shape with warm-up --warmup 250). Then, at each model's
 best rate, the same run with T5's schedule shape held constant through the run (warm-up >= the
@@ -32,7 +33,7 @@ import lm_claims  # noqa: E402
 from harness import Run  # noqa: E402
 
 MODELS = {"dense": "dense_lm_cpu", "switch_8": "switch_lm_cpu_8"}
-RATES = (0.005, 0.01, 0.02, 0.04)
+RATES = (0.005, 0.01, 0.02, 0.04, 0.08)
 
 
 def name(model: str, rate: float, const: bool = False) -> str:
