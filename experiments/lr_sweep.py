@@ -55,6 +55,12 @@ def runs(rates, steps: int, best: dict | None = None) -> list[Run]:
     return out
 
 
+def names(rates) -> set[str]:
+    """Every run --runs may name: the grid's, and the constant-schedule run at every rate (which
+    of those trains follows the report's best rates)."""
+    return {name(m, r, const) for m in MODELS for r in rates for const in (False, True)}
+
+
 def final(result: dict, run: str) -> float | None:
     """The run's last held-out loss, once it has trained all its steps (a run still going, or
     stopped early, has no final loss: its last evaluation is from an earlier step)."""
@@ -112,8 +118,7 @@ def main(argv=None) -> int:
                              title="dense and Switch-8 by learning rate")
     about = lambda s: harness.collect(s, args.out, harness.command_line("lr_sweep.py", args))  # noqa: E731
     grid = study()
-    every = {r.name for r in runs(rates, args.steps, {m: r for m in MODELS for r in rates})}
-    unknown = sorted(set(args.runs or ()) - every)
+    unknown = sorted(set(args.runs or ()) - names(rates))
     if unknown:
         print(f"error: --runs {unknown}: not runs of this sweep (names: MODEL_lrRATE or "
               "MODEL_lrRATE_const, MODEL dense or switch_8, RATE one of --rates)",

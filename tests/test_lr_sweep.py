@@ -52,3 +52,10 @@ def test_refusals_in_one_line(tmp_path, capsys):
     assert "must be a positive number" in capsys.readouterr().err
     assert lr_sweep.main(["--out", str(tmp_path / "o"), "--corpus", str(tmp_path / "none")]) == 2
     assert "no " in capsys.readouterr().err
+
+
+def test_every_grid_and_constant_schedule_run_can_be_named():
+    got = lr_sweep.names((0.01, 0.04))
+    assert got == {"dense_lr0.01", "dense_lr0.04", "switch_8_lr0.01", "switch_8_lr0.04",
+                   "dense_lr0.01_const", "dense_lr0.04_const", "switch_8_lr0.01_const",
+                   "switch_8_lr0.04_const"}
