@@ -36,8 +36,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache per test session, for every train.py / eval.py process the
 # tests start (the test processes themselves write only their larger programs: below): the
 # resume, preemption and multi-process tests compile the same steps again in new processes, and
-# load them from here instead. It only saves time: a
-# cache entry is the executable XLA would have built for the same program and devices. Beside
+# load them from here instead. It only saves time: a cache entry is the executable XLA would
+# have built for the same program and devices. Beside
 # it, the session's $SWITCHZOO_CACHE (what switchzoo.data.memo keeps: tokenizers trained on the
 # embedded corpus, harvested catalogues; the layout search's compiles), so nothing reaches the
 # machine's ~/.cache; a hit is the bytes a rebuild gives (tests/test_data.py checks).
