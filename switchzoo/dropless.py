@@ -231,8 +231,10 @@ def run_experts(x_AD, expert_A, w: dict, impl: str = "blocks", block: int = 128,
 
 def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: dict, rng=None, *, num_experts: int,
            expert_axes: tuple, ff_axes: tuple, exchange: bool, impl: str, block: int,
-           rate: float):
-    """One device's share (or the whole layer, with no axes)."""
+           rate: float, pin=lambda a: a):
+    """One device's share (or the whole layer, with no axes). ``pin`` is applied to what the
+    all-to-alls send and receive (inside a vmap, a sharding constraint: without one GSPMD
+    compiles a vmapped all_to_all into all-gathers)."""
     if rng is not None and (expert_axes or ff_axes):
         rng = jax.random.fold_in(rng, jax.lax.axis_index(tuple(expert_axes) + tuple(ff_axes)))
     dropout_fn = functools.partial(dropout, rate=rate, rng=rng)
@@ -260,12 +262,12 @@ def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: dict, rng=None, *, num_expe
             x_ND[token_A[order]], mode="drop")
         send_e = jnp.full((n, A), E_local, jnp.int32).at[dest_s, slot_s].set(
             e_s % E_local, mode="drop")
-        recv_x = jax.lax.all_to_all(send_x, expert_axes, 0, 0)
-        recv_e = jax.lax.all_to_all(send_e, expert_axes, 0, 0)
+        swap = lambda a: pin(jax.lax.all_to_all(pin(a), expert_axes, 0, 0))
+        recv_x, recv_e = swap(send_x), swap(send_e)
         y = run(recv_x.reshape(n * A, D), recv_e.reshape(n * A))
         if ff_axes:
             y = jax.lax.psum(y, ff_axes)
-        back = jax.lax.all_to_all(y.reshape(n, A, D), expert_axes, 0, 0)
+        back = swap(y.reshape(n, A, D))
         out_s = back.at[dest_s, slot_s].get(mode="fill", fill_value=0)
         return jnp.zeros_like(x_ND).at[token_A[order]].add(gate_A[order][:, None] * out_s
                                                            ).reshape(B, L, D)
@@ -327,6 +329,10 @@ def layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: dict, num_experts: int,
     if layout is None or layout.mesh.size == 1:
         return _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w, rng, expert_axes=(),
                       ff_axes=(), exchange=False, **kw)
+    if layout.exchange:     # a pipeline's shard, holding its own experts (pipeline.SHARDS)
+        return _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w, rng,
+                      expert_axes=(layout.exchange,), ff_axes=(), exchange=True,
+                      pin=lambda a: layout.constrain(a, (None,) * a.ndim), **kw)
     names = list(w)
     expert_axes, ff_axes, exchange, x_spec, specs = plan(
         layout, x_BLD.shape, {k: v.shape for k, v in w.items()})

@@ -96,6 +96,7 @@ class SwitchFFN(nnx.Module):
         cfg, dt = self.cfg, x_BLD.dtype
         B, L, D = x_BLD.shape
         layout = active()
+        exchange = layout and layout.exchange       # inside a pipeline's per-shard vmap
         G = num_groups(B, L, cfg.group_size, layout.parts("groups") if layout else 1)
         N = B * L // G
         # An expert gets at most N of a group's assignments (a token's picks are distinct; an
@@ -147,6 +148,8 @@ class SwitchFFN(nnx.Module):
             else:
                 x_EGCD = jnp.einsum("GND,GNEC->EGCD", x_GND, dispatch_GNEC)
             x_EGCD = constrain(x_EGCD, (None, "groups", "expert_capacity", "d_model"))
+            if exchange:    # each shard's experts' slots from every shard: [E / n, n G, C, D]
+                x_EGCD = jax.lax.all_to_all(x_EGCD, exchange, 0, 1, tiled=True)
             x_EGCD = constrain(x_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
 
         def project(x, w):          # per expert: [E, G, C, in] x [E, in, out]
@@ -159,6 +162,8 @@ class SwitchFFN(nnx.Module):
                          dropout_fn=lambda h: dropout(h, cfg.expert_dropout, drop_rng))
             y_EGCD = constrain(y_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
         with jax.named_scope("combine"):
+            if exchange:    # the slots back to their groups' shards: [E, G, C, D]
+                y_EGCD = jax.lax.all_to_all(y_EGCD, exchange, 1, 0, tiled=True)
             y_EGCD = constrain(y_EGCD, (None, "groups", "expert_capacity", "d_model"))
             if index:
                 y_GQD = jnp.swapaxes(y_EGCD, 0, 1).reshape(G, -1, D)      # Q: E x C slots

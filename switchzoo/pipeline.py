@@ -34,19 +34,30 @@ size.
 Dropout draws its masks per micro-batch, so with dropout the pipelined and unpipelined steps are
 the same model with other masks.
 
-Known cost (docs/layout_search_pipeline.md): GSPMD keeps the gradient of the stages' weights,
-accumulated over the loop's iterations, replicated over the batch axes, so it is all-reduced
-over them in every iteration of the backward loop rather than once per step.
+Where the layout splits the batch over mesh axes, each stage runs per batch shard: a second
+jax.vmap over the shards (``spmd_axis_name`` the batch's axes, axis name SHARDS), each shard with
+its own copy of the stage's weights, broadcast before the loop. Autodiff then sums the copies'
+gradients once, after the loop: without the copies, GSPMD keeps the loop-invariant weights'
+gradient replicated over the batch axes and all-reduces every iteration's contribution (19
+all-reduces of the stage's weights a step at 4 stages and 16 micro-batches, where one is
+needed). The experts' FFN weights, where the layout splits the experts over exactly the batch's
+axes (expert parallelism), are not copied but cut: each shard holds its own E / shards experts,
+and a Switch layer sends each expert's capacity slots to its shard by all_to_all over SHARDS
+(the layout inside says so: ``Layout.exchange``). Other weights split over batch axes (FSDP)
+are gathered once before the loop. Where the experts' weights are split over some batch axes
+but not all, the stages run unsharded, with the per-iteration all-reduce.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from switchzoo.layout import use
 from switchzoo.moe import BALANCE_STATS
 from switchzoo.routing import Balance, switch_aux_loss
 
@@ -66,6 +77,38 @@ class Plan:
     def bubble(self) -> float:
         """The schedule's idle fraction of each stage: (S-1) / (RM + S-1)."""
         return (self.stages - 1) / self.iterations
+
+
+SHARDS = "shards"       # the axis name of the per-shard vmap inside each stage
+
+
+@dataclasses.dataclass(frozen=True)
+class Shards:
+    axes: tuple[str, ...]   # the mesh axes the batch is split over
+    count: int
+    cut: tuple[bool, ...]   # per stacked parameter: its experts cut over the shards (else copied)
+
+
+def shards(layout, dims: list[tuple[str, ...]], rows: int) -> Shards | None:
+    """How each stage runs per batch shard (see the module doc), for stacked parameters of
+    ``dims`` and micro-batches of ``rows``; None where it runs unsharded (no batch axes, rows
+    that do not split over them, experts split over some of them but not all)."""
+    axes = layout.axes("batch")
+    count = math.prod(layout.mesh.shape[a] for a in axes)
+    if count == 1 or rows % count:
+        return None
+    cut = []
+    for d in dims:
+        if "experts" in d and "d_ff" in d:           # an expert FFN weight
+            over = [set(layout.axes(x)) & set(axes) for x in d]
+            experts = over[d.index("experts")]
+            if any(o for x, o in zip(d, over) if x != "experts") or (
+                    experts and layout.axes("experts") != axes):
+                return None
+            cut.append(bool(experts))
+        else:
+            cut.append(False)
+    return Shards(axes, count, tuple(cut))
 
 
 def stage_axis(layout) -> str | None:
@@ -130,23 +173,36 @@ def schedule(p: Plan) -> dict[str, np.ndarray]:
     return {"micro": since % M, "round": np.clip(since // M, 0, R - 1), "first": t % M}
 
 
-def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
+def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys, dims=None):
     """``body(x, rows, shared, params, keys, select) -> (x, stats)`` runs consecutive layer
     groups (a lax.scan over ``params``' leading dim, the stats its ys: a list of {name: [groups,
     ...]}; ``select``, when given, picks each group's parameters from its slice, inside the
-    group's remat); ``rows`` are per batch row, ``shared`` the same for every row. Runs all the
-    groups over the stage axis; returns (x_BTD, stats) as one unpipelined ``body`` would."""
+    group's remat); ``rows`` are per batch row, ``shared`` the same for every row; ``dims``
+    the logical dims of ``params``' leaves in order (None: the stages run unsharded). Runs all
+    the groups over the stage axis; returns (x_BTD, stats) as one unpipelined ``body`` would."""
     S, M, R = p.stages, p.microbatches, p.repeats
     B = x_BTD.shape[0]
     if B % M:
         raise ValueError(f"the batch of {B} rows does not divide into {M} pipeline "
                          "micro-batches; choose pipeline_microbatches dividing it")
     mb = B // M
+    sh = None if dims is None else shards(layout, dims, mb)
 
     def on_stage(a, dim=0):     # stage-sharded at ``dim``, the other dims left to GSPMD
         spec = [P.UNCONSTRAINED] * a.ndim
         spec[dim] = p.axis
         return jax.lax.with_sharding_constraint(a, NamedSharding(layout.mesh, P(*spec)))
+
+    def on_shards(a):           # [S, shards, ...]: each device its stage's and shard's
+        spec = (p.axis, sh.axes) + (P.UNCONSTRAINED,) * (a.ndim - 2)
+        return jax.lax.with_sharding_constraint(a, NamedSharding(layout.mesh, P(*spec)))
+
+    def per_shard(a, d, cut):   # [S, ...] -> [S, shards, ...]: a copy, or the shard's experts
+        if not cut:
+            return on_shards(jnp.broadcast_to(a[:, None], (S, sh.count) + a.shape[1:]))
+        e = d.index("experts") + 1 + (R > 1)        # 'layers' became [S, groups / S (, R)]
+        a = a.reshape(a.shape[:e] + (sh.count, -1) + a.shape[e + 1:])
+        return on_shards(jnp.moveaxis(a, e, 1))
 
     def blocks(a):              # [groups, ...] -> [S, R, groups / (S R), ...]: block r S + s
         return jnp.swapaxes(on_stage(a.reshape((R, S, -1) + a.shape[1:]), 1), 0, 1)
@@ -162,9 +218,15 @@ def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
     by_round = (lambda a: a[:, 0]) if R == 1 else (lambda a: jnp.swapaxes(a, 1, 2))
     stage_params = jax.tree.map(lambda a: by_round(blocks(a)), params)
     stage_keys = None if keys is None else by_round(blocks(keys))
-    # A copy per stage: its gradient (the relative-position bias's) adds up on each stage and
-    # is summed over the stages once, after the loop, not in every iteration.
+    # A copy per stage (and shard): its gradient (the relative-position bias's) adds up on each
+    # and is summed over them once, after the loop, not in every iteration.
     stage_shared = jax.tree.map(lambda a: on_stage(jnp.broadcast_to(a, (S,) + a.shape)), shared)
+    if sh is not None:
+        leaves, tree = jax.tree.flatten(stage_params)
+        stage_params = jax.tree.unflatten(tree, [per_shard(a, d, c) for a, d, c
+                                                 in zip(leaves, dims, sh.cut)])
+        stage_shared = jax.tree.map(lambda a: per_shard(a, (), False), stage_shared)
+        inner = layout.within(sh.axes, SHARDS if any(sh.cut) else None)
     # What stage 0 takes in each iteration t: micro-batch t mod M, fresh while t < M (after
     # that, in a circular schedule, the last stage's output of M - S + 1 iterations before,
     # its next round; in GPipe, a bubble). Its rows (masks, encoder output) travel with it.
@@ -179,7 +241,17 @@ def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
         keys = None if keys is None else _fold(keys, micro)
         select = None if R == 1 else lambda p: jax.tree.map(
             lambda a: jax.lax.dynamic_index_in_dim(a, round_, 0, keepdims=False), p)
-        return body(x, rows, shared, params, keys, select)
+        if sh is None:
+            return body(x, rows, shared, params, keys, select)
+
+        def shard(x, rows, shared, params):
+            k = None if keys is None else _fold(keys, jax.lax.axis_index(SHARDS))
+            with use(inner):
+                return body(x, rows, shared, params, k, select)
+        cut = lambda a: a.reshape((sh.count, -1) + a.shape[1:])     # the shards' rows
+        x, stats = jax.vmap(shard, axis_name=SHARDS, spmd_axis_name=sh.axes)(
+            cut(x), jax.tree.map(cut, rows), shared, params)
+        return x.reshape((-1,) + x.shape[2:]), stats
 
     def iteration(carry, xs):
         (x, x_rows), delay = carry
@@ -206,7 +278,8 @@ def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
           jnp.asarray(sched["round"]))
     _, (leaving, stats) = jax.lax.scan(iteration, (state, delay), xs)
     # The last M iterations finish micro-batches 0 .. M-1 of the last round.
-    return jnp.swapaxes(leaving[-M:], 0, 1).reshape(x_BTD.shape), combine(stats, p)
+    return (jnp.swapaxes(leaving[-M:], 0, 1).reshape(x_BTD.shape),
+            combine(stats, p, 1 if sh is None else sh.count))
 
 
 def _fold(keys, m):
@@ -216,9 +289,9 @@ def _fold(keys, m):
     return jax.vmap(jax.random.fold_in, (0, None))(flat, m).reshape(keys.shape)
 
 
-def combine(stats: list[dict], p: Plan) -> list[dict]:
-    """Per-iteration stats [iterations, S, groups / (S R), ...] -> per layer group [groups, ...],
-    over the micro-batches: routed tokens added, per-routing-group balance sums joined (micro-batch
+def combine(stats: list[dict], p: Plan, shards: int = 1) -> list[dict]:
+    """Per-iteration stats [iterations, S, (shards,) groups / (S R), ...] -> per layer group
+    [groups, ...], over the micro-batches (and their shards, each as one more micro-batch): routed tokens added, per-routing-group balance sums joined (micro-batch
     by micro-batch), eq. 4 recomputed from them, every other statistic (a mean over routed
     tokens) weighted by its micro-batch's tokens."""
     S, M, R = p.stages, p.microbatches, p.repeats
@@ -227,6 +300,8 @@ def combine(stats: list[dict], p: Plan) -> list[dict]:
     out = []
     for layer in stats:
         v = {k: x[ran, s] for k, x in layer.items()}           # [R, S, M, per block, ...]
+        if shards > 1:                                          # [R, S, M, shards, ...]
+            v = {k: x.reshape(x.shape[:2] + (-1,) + x.shape[4:]) for k, x in v.items()}
         routed = v["routed_tokens"]
         weight = routed / jnp.maximum(jnp.sum(routed, axis=2, keepdims=True), 1.0)
         joined = {}

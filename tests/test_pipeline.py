@@ -32,17 +32,30 @@ def model(name: str, layers: int, **kw):
 
 @pytest.fixture(scope="module")
 def lm():
-    cfg = model("switch_tiny", 8)
-    return cfg, one_step(L.make_mesh("data:1", devices=jax.devices()[:1]), "data_parallel", cfg)
+    """switch_tiny with a dispatch, and its unpipelined step on one device (once each)."""
+    done = {}
+
+    def get(dispatch):
+        if dispatch not in done:
+            cfg = model("switch_tiny", 8)
+            cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, dispatch=dispatch))
+            done[dispatch] = cfg, one_step(L.make_mesh("data:1", devices=jax.devices()[:1]),
+                                           "data_parallel", cfg)
+        return done[dispatch]
+    return get
 
 
-@pytest.mark.parametrize("mesh, layout, microbatches, repeats", [
-    ("stage:2,data:2,expert:2", PP, 4, 1),
-    ("stage:4,data:2", "batch:data,layers:stage", 4, 1),
-    ("stage:2,data:4", "batch:data,layers:stage", 2, 2),         # circular
+# Each stage runs per batch shard: experts cut over the shards (expert parallelism over the
+# batch's axes: all_to_all inside the stage) or copied (experts on another axis, or unsplit).
+@pytest.mark.parametrize("mesh, layout, microbatches, repeats, dispatch", [
+    ("stage:2,data:2,expert:2", "batch:data+expert,experts:data+expert,layers:stage", 4, 1,
+     "auto"),
+    ("stage:4,data:2", "batch:data,layers:stage", 4, 1, "auto"),
+    ("stage:2,data:4", "batch:data,experts:data,layers:stage", 2, 2, "dropless"),  # circular
 ])
-def test_decoder_only_step_equals_unpipelined(lm, mesh, layout, microbatches, repeats):
-    cfg, reference = lm
+def test_decoder_only_step_equals_unpipelined(lm, mesh, layout, microbatches, repeats,
+                                              dispatch):
+    cfg, reference = lm(dispatch)
     cfg = cfg.replace(pipeline_microbatches=microbatches, pipeline_repeats=repeats)
     setup = state_lib.setup(cfg, L.Layout.create(layout, L.make_mesh(mesh)), optimizer=TX)
     step = steps.make_train_step(setup).lower(
@@ -59,6 +72,11 @@ def test_decoder_only_step_equals_unpipelined(lm, mesh, layout, microbatches, re
     stacked = [x.size * x.dtype.itemsize for path, x in jax.tree_util.tree_leaves_with_path(
         setup.abstract.params) if "scanned" in state_lib.path_name(path)]
     assert all(c.bytes < min(stacked) for c in over_stages if c.kind == "all-gather")
+    # The weights' gradients are summed over the batch shards once a step, after the loop,
+    # not once per iteration of it.
+    batch_axes = set(setup.layout.axes("batch"))
+    assert not [c for c in program.collectives
+                if c.kind == "all-reduce" and set(c.axes) & batch_axes and c.count > 1]
 
 
 def test_encoder_decoder_step_equals_unpipelined():

@@ -169,8 +169,13 @@ def parse_layout(text: str, mesh_axes: tuple[str, ...]) -> dict[str, tuple[str, 
 class Layout:
     """Logical rules bound to a mesh: dims -> PartitionSpec / NamedSharding."""
 
-    def __init__(self, rules: dict[str, tuple[str, ...]], mesh: Mesh, text: str = ""):
+    def __init__(self, rules: dict[str, tuple[str, ...]], mesh: Mesh, text: str = "",
+                 exchange: str | None = None):
         self.rules, self.mesh, self.text = rules, mesh, text
+        # Set only inside a per-shard vmap (``within``): the vmap's axis name over which the
+        # experts' FFN weights are split, each shard holding its own (moe dispatches by
+        # all_to_all over it).
+        self.exchange = exchange
 
     @classmethod
     def create(cls, layout: str, mesh: Mesh | str) -> "Layout":
@@ -179,7 +184,16 @@ class Layout:
         text = layout_string(layout)
         return cls(parse_layout(text, tuple(mesh.axis_names)), mesh, text)
 
-    def _axes(self, dim: str | None) -> tuple[str, ...]:
+    def within(self, axes: tuple[str, ...], exchange: str | None = None) -> "Layout":
+        """This layout inside a jax.vmap whose mapped dim is split over mesh ``axes`` (its
+        spmd_axis_name): those axes leave every rule, since the mapped dim holds them.
+        ``exchange``: the vmap's axis name where each shard holds its own experts."""
+        rules = {d: kept for d, a in self.rules.items()
+                 if (kept := tuple(x for x in a if x not in axes))}
+        return Layout(rules, self.mesh, self.text, exchange)
+
+    def axes(self, dim: str | None) -> tuple[str, ...]:
+        """The mesh axes the layout splits dimension ``dim`` over, in order."""
         if dim is None:
             return ()
         if dim in self.rules:
@@ -188,7 +202,7 @@ class Layout:
 
     def parts(self, dim: str) -> int:
         """How many shards the layout splits dimension ``dim`` into (1: replicated)."""
-        return math.prod(self.mesh.shape[a] for a in self._axes(dim))
+        return math.prod(self.mesh.shape[a] for a in self.axes(dim))
 
     def spec(self, dims, shape=None, name: str = "tensor", strict: bool = True) -> P:
         """The PartitionSpec of a tensor with these logical dims (see module doc for strict)."""
@@ -199,7 +213,7 @@ class Layout:
         used, entries = {}, []
         for i, dim in enumerate(dims):
             axes = []
-            for axis in self._axes(dim):
+            for axis in self.axes(dim):
                 if axis in used:
                     if strict:
                         raise LayoutError(
