@@ -4,8 +4,10 @@ from the compiled train steps of one decoder-only Switch LM.
 For each schedule (stages S over a 'stage' axis, the rest of the 8 devices on 'data';
 micro-batches M; rounds R) the step is compiled from abstract state (the dry run's way) and
 read: parameter and optimizer bytes per device (from the shardings), XLA's temporaries per
-device (activations and workspace), and the matmul FLOPs each device executes inside the layer
-loops (switchzoo/layout/hlo.py, loop trip counts multiplied in). In switchzoo's pipeline a stage
+device (activations and workspace), the all-reduces over the data shards (bytes a step, and
+the most times one of them runs a step: 1 where the gradients are reduced once, after the
+loop), and the matmul FLOPs each device executes inside the layer loops
+(switchzoo/layout/hlo.py, loop trip counts multiplied in). In switchzoo's pipeline a stage
 with no micro-batch to run computes on a dummy one, so the bubble shows up as executed work:
 
     measured idle fraction = 1 - (useful layer FLOPs per device) / (executed layer FLOPs)
@@ -47,11 +49,16 @@ def compile_step(cfg, mesh: str, layout: str, batch: int, length: int, devices):
     compiled = steps.make_train_step(setup).lower(setup.abstract, fake).compile()
     seconds = time.perf_counter() - start
     per_device = lambda tree, sh: inspector._bytes_per_device(tree, sh)   # noqa: E731
+    program = hlo.read(compiled.as_text(), dict(setup.mesh.shape))
+    over_data = [c for c in program.collectives if c.kind == "all-reduce" and "data" in c.axes]
     return {"params_bytes_per_device": per_device(setup.abstract.params, setup.shardings.params),
             "opt_bytes_per_device": per_device(setup.abstract.opt_state,
                                                setup.shardings.opt_state),
             "temp_bytes_per_device": inspector.memory_stats(compiled)["temp_bytes"],
             "layer_flops_per_device": hlo.loop_flops(compiled.as_text()),
+            # the gradients' reduction over the data shards (once a step: no count above 1)
+            "data_all_reduce_bytes_per_step": sum(c.bytes * c.count for c in over_data),
+            "data_all_reduce_most_per_step": max((c.count for c in over_data), default=0),
             "compile_seconds": round(seconds, 2)}
 
 
