@@ -248,9 +248,9 @@ def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys, dims=None):
             k = None if keys is None else _fold(keys, jax.lax.axis_index(SHARDS))
             with use(inner):
                 return body(x, rows, shared, params, k, select)
-        cut = lambda a: a.reshape((sh.count, -1) + a.shape[1:])     # the shards' rows
+        by_shard = lambda a: a.reshape((sh.count, -1) + a.shape[1:])      # [shards, rows, ...]
         x, stats = jax.vmap(shard, axis_name=SHARDS, spmd_axis_name=sh.axes)(
-            cut(x), jax.tree.map(cut, rows), shared, params)
+            by_shard(x), jax.tree.map(by_shard, rows), shared, params)
         return x.reshape((-1,) + x.shape[2:]), stats
 
     def iteration(carry, xs):

@@ -149,21 +149,29 @@ def _best(model, n, profile):
 
 def test_pipeline_wins_where_the_state_does_not_fit_a_host_and_hosts_are_far_apart():
     """Switch-XXL with 64 experts (201B parameters: 1.6 TB of float32 parameters and gradients,
-    a DGX H100 holds 640 GB) on 32 H100s (4 DGXs), 256 sequences. Without a pipeline the state
+    a DGX H100 holds 640 GB) on 64 H100s (8 DGXs), 256 sequences. Without a pipeline the state
     has to be split over an axis that spans hosts, so per-layer collectives (expert
     all-to-alls, model all-reduces, or a replicated expert's gradient all-reduce) cross the
-    50 GB/s network; a stage axis outermost puts one stage in each DGX and sends only one
-    micro-batch's activations across, keeping expert traffic on NVLink. The search ranks that
-    pipeline first by more than 2x, and on an all-NVLink network the margin mostly goes."""
+    50 GB/s network; a stage axis outermost puts a stage in each pair of DGXs, so the expert
+    traffic stays on NVLink and what crosses is a micro-batch's activations (and the model
+    axis's all-reduces, over the pair). The search ranks
+    that pipeline first by more than 1.5x, and on an all-NVLink network the margin mostly goes.
+    On 32 H100s no pipeline fits: a stage's loop accumulates its weights' gradients beside
+    them (compiled: 144 GiB a device; docs/layout_search_pipeline.md)."""
     h100 = hardware.get("h100")
-    model = _search_model(["--model", "switch_xxl", "--devices", "32", "--hardware", "h100",
+    small = _search_model(["--model", "switch_xxl", "--devices", "32", "--hardware", "h100",
+                           "--batch", "256"])
+    cands, _ = search.enumerate_candidates(32, AXES, small.sizes(), ordered=True)
+    fitting, _ = search.estimate_candidates(small, cands, h100, h100.hbm_bytes)
+    assert fitting and all(e[0].stages == 1 for e in fitting)
+    model = _search_model(["--model", "switch_xxl", "--devices", "64", "--hardware", "h100",
                            "--batch", "256"])
     assert model.state_bytes(search.Candidate((("data", 8),), ())) > 8 * h100.hbm_bytes
-    top, pp, flat = _best(model, 32, h100)
+    top, pp, flat = _best(model, 64, h100)
     assert top is pp and pp[0].mesh[0] == ("stage", 4)
-    assert flat[3] > 2 * pp[3]
+    assert flat[3] > 1.5 * pp[3]
     crossing = [c for c in model.collectives(pp[0], h100) if c.crosses_hosts]
-    assert crossing and all(c.axes == ("stage",) for c in crossing)   # experts: in a DGX
+    assert crossing and all(c.kind != "all-to-all" for c in crossing)   # experts: in a DGX
     assert any(c.kind == "all-to-all" and not c.crosses_hosts
                for c in model.collectives(pp[0], h100))
     assert any(c.crosses_hosts and c.count > 1 for c in model.collectives(flat[0], h100))
