@@ -8,9 +8,6 @@ import contextlib
 import os
 import pathlib
 import shutil
-import signal
-import sys
-import threading
 
 import jax
 import numpy as np
@@ -26,6 +23,7 @@ from switchzoo.data import feed as feed_lib
 from switchzoo.data import pipeline
 from switchzoo.data import tokenizer as tokenizer_lib
 from switchzoo.attention_impl import attention_impl
+from switchzoo.preemption import Preemption
 
 
 def check_workdir(workdir: pathlib.Path, config) -> None:
@@ -335,66 +333,6 @@ def check_finite(step: int, m: dict) -> None:
             f"{m['aux_loss']}, z {m['z_loss']}, updated parameters finite: "
             f"{bool(m['params_finite'])}); stopped before checkpointing it, the last good "
             "checkpoint is kept (lower the learning rate or use float32)")
-
-
-class Interrupted(KeyboardInterrupt):
-    """A signal that stopped a run before its training began (``signum``: which)."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"interrupted ({signal.Signals(signum).name}) before training began: "
-                         "what this start wrote was taken back; run the same command to start "
-                         "again")
-        self.signum = signum
-
-
-class Preemption:
-    """SIGTERM (what schedulers send before preemption) and SIGINT (Ctrl-C, what a person at a
-    terminal sends), for a whole run: ``with Preemption() as interrupts:``. While the run
-    starts, a signal raises Interrupted, so FailedStart takes back what the start wrote. From
-    ``interrupts.begin()`` (the start is complete) the first signal asks the loop to checkpoint
-    the current step and stop cleanly (``with interrupts.training() as preempted: ...
-    preempted()``; exit 0), and a second SIGINT stops at once: one line, exit 130, the committed
-    checkpoints kept. Python runs handlers in the main thread, so the input pipeline's threads
-    never see a KeyboardInterrupt. One process only: multi-host runs leave SIGTERM to JAX's
-    preemption service (Orbax's reached_preemption). An ignored signal (nohup) stays ignored."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __enter__(self):
-        self.flag, self.started, self.previous = False, False, {}
-        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
-                if signal.getsignal(signum) is not signal.SIG_IGN:
-                    self.previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def begin(self) -> None:
-        self.started = True
-
-    @contextlib.contextmanager
-    def training(self):
-        self.begin()
-        yield lambda: self.flag
-
-    def _handle(self, signum, frame):
-        if not self.started:
-            raise Interrupted(signum)
-        if self.flag and signum == signal.SIGINT:
-            sys.stderr.write("\nerror: interrupted again: stopped at once, without saving this "
-                             "step; the committed checkpoints are kept: run the same command to "
-                             "resume from the newest\n")
-            sys.stderr.flush()
-            os._exit(130)
-        if not self.flag and signum == signal.SIGINT:
-            sys.stderr.write("\ninterrupted: saving this step, then stopping (Ctrl-C again "
-                             "stops at once)\n")
-            sys.stderr.flush()
-        self.flag = True
-
-    def __exit__(self, *exc):
-        for signum, previous in self.previous.items():
-            signal.signal(signum, previous)
-        return False
 
 
 def _initial_state(setup: state_lib.Setup, ckpt, ds, origin: weights.Origin | None,
