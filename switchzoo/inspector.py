@@ -127,7 +127,9 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         "optimizer": optimizer,
         "dtype": dtype, "scan_layers": scan_layers, "remat": remat,
         "attention": str(attention_impl(cfg)),
-        "pipeline": _pipeline(lay, cfg),
+        "pipeline": _pipeline(lay, cfg, [setup.dims[t["name"]] for t in tensors
+                                         if "scanned" in t["name"]],
+                              batch_size or 2 * mesh_obj.size),
         "params_bytes_total": int(sum(layout_lib.nbytes(x.shape, x.dtype)
                                       for x in jax.tree.leaves(abstract.params))),
         "params_bytes_per_device_max": _bytes_per_device(abstract.params, shardings.params),
@@ -158,13 +160,19 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
     return report
 
 
-def _pipeline(lay, cfg) -> dict | None:
-    """The pipeline schedule the layout and model ask for (None: no stage axis)."""
+def _pipeline(lay, cfg, stacked_dims: list, batch: int) -> dict | None:
+    """The pipeline schedule the layout and model ask for (None: no stage axis), and how each
+    stage runs per batch shard (``per_shard``: the batch's axes and whether the experts are
+    cut over them or copied; None where the stages run unsharded)."""
     p = pipeline.plan(lay, cfg)
     if p is None:
         return None
+    sh = pipeline.shards(lay, stacked_dims, batch // p.microbatches)
     return {"axis": p.axis, "stages": p.stages, "microbatches": p.microbatches,
-            "repeats": p.repeats, "iterations": p.iterations, "bubble": round(p.bubble, 4)}
+            "repeats": p.repeats, "iterations": p.iterations, "bubble": round(p.bubble, 4),
+            "batch_shards": lay.parts("batch"), "per_shard": None if sh is None else {
+                "axes": list(sh.axes), "shards": sh.count,
+                "experts": "cut" if any(sh.cut) else "copied"}}
 
 
 def format_table(report: dict) -> str:
@@ -191,6 +199,18 @@ def format_table(report: dict) -> str:
         lines.append(f"pipeline: {p['stages']} stages on '{p['axis']}', {p['microbatches']} "
                      f"micro-batches, {p['repeats']} round(s): {p['iterations']} iterations, "
                      f"bubble {p['bubble']:.1%} of each stage's time")
+        sh = p.get("per_shard")
+        if sh is None and p.get("batch_shards", 1) > 1:
+            lines.append("each stage runs unsharded (its experts are split over some of the "
+                         "batch's axes but not all, or its micro-batch rows do not split over "
+                         "them): its weights' gradients are all-reduced every iteration")
+        elif sh is not None:
+            lines.append(f"each stage runs per batch shard ({sh['shards']} over "
+                         f"{'+'.join(sh['axes'])}): " + (
+                             "each shard its own experts (all_to_all), a copy of the other "
+                             "weights" if sh["experts"] == "cut" else
+                             "a copy of the stage's weights each") +
+                         "; their gradients are summed once a step")
     if "collectives" in report:
         groups = (f", {report['routing_groups']} routing groups of {report['group_size']}"
                   if "routing_groups" in report else "")

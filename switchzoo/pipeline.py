@@ -291,9 +291,10 @@ def _fold(keys, m):
 
 def combine(stats: list[dict], p: Plan, shards: int = 1) -> list[dict]:
     """Per-iteration stats [iterations, S, (shards,) groups / (S R), ...] -> per layer group
-    [groups, ...], over the micro-batches (and their shards, each as one more micro-batch): routed tokens added, per-routing-group balance sums joined (micro-batch
-    by micro-batch), eq. 4 recomputed from them, every other statistic (a mean over routed
-    tokens) weighted by its micro-batch's tokens."""
+    [groups, ...], over the micro-batches (and their shards, each as one more micro-batch):
+    routed tokens added, per-routing-group balance sums joined (micro-batch by micro-batch),
+    eq. 4 recomputed from them, every other statistic (a mean over routed tokens) weighted by
+    its micro-batch's tokens."""
     S, M, R = p.stages, p.microbatches, p.repeats
     r, s, m = np.meshgrid(np.arange(R), np.arange(S), np.arange(M), indexing="ij")
     ran = r * M + m + s                       # the iteration stage s ran round r of batch m

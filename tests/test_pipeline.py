@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from switchzoo import layout as L, loop, state as state_lib, steps, weights, zoo
+from switchzoo import inspector, layout as L, loop, state as state_lib, steps, weights, zoo
 from switchzoo.configs import mini
 from switchzoo.layout import hlo
 
@@ -86,6 +86,20 @@ def test_encoder_decoder_step_equals_unpipelined():
                    cfg.replace(pipeline_microbatches=2), init=True)     # drawn on the stages
     assert_close(got[0], reference[0], "metrics")
     assert_close(got[1], reference[1], "gradient")
+
+
+@pytest.mark.parametrize("layout, per_shard, line", [
+    ("batch:data+expert,experts:data+expert,layers:stage",
+     {"axes": ["data", "expert"], "shards": 4, "experts": "cut"}, "each shard its own experts"),
+    ("batch:data,experts:expert,layers:stage",
+     {"axes": ["data"], "shards": 2, "experts": "copied"}, "a copy of the stage's weights"),
+    ("batch:data+expert,experts:expert,layers:stage", None, "runs unsharded"),
+])
+def test_the_inspector_says_how_each_stage_runs_per_batch_shard(layout, per_shard, line):
+    report = inspector.inspect("switch_tiny", "stage:2,data:2,expert:2", layout,
+                               compile_step=False, scan_layers=True, microbatches=2)
+    assert report["pipeline"]["per_shard"] == per_shard
+    assert line in inspector.format_table(report)
 
 
 def run_config(**kw):
