@@ -201,9 +201,10 @@ def format_table(report: dict) -> str:
                      f"bubble {p['bubble']:.1%} of each stage's time")
         sh = p.get("per_shard")
         if sh is None and p.get("batch_shards", 1) > 1:
-            lines.append("each stage runs unsharded (its experts are split over some of the "
-                         "batch's axes but not all, or its micro-batch rows do not split over "
-                         "them): its weights' gradients are all-reduced every iteration")
+            lines.append("each stage runs unsharded (an expert weight is split over the batch's "
+                         "axes other than exactly as the batch, or the micro-batch rows do not "
+                         "split over them): its weights' gradients are all-reduced every "
+                         "iteration")
         elif sh is not None:
             lines.append(f"each stage runs per batch shard ({sh['shards']} over "
                          f"{'+'.join(sh['axes'])}): " + (

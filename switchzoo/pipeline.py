@@ -31,8 +31,8 @@ where moe.group_size divides the sequence length (or is 0: a group per sequence)
 losses and metrics are combined over the micro-batches exactly (eq. 4 from the per-group sums,
 means weighted by routed tokens); where groups span rows, they are other groups of the same
 size.
-Dropout draws its masks per micro-batch, so with dropout the pipelined and unpipelined steps are
-the same model with other masks.
+Dropout draws its masks per micro-batch (and per batch shard), so with dropout the pipelined and
+unpipelined steps are the same model with other masks, and the masks depend on the mesh.
 
 Where the layout splits the batch over mesh axes, each stage runs per batch shard: a second
 jax.vmap over the shards (``spmd_axis_name`` the batch's axes, axis name SHARDS), each shard with
@@ -44,8 +44,9 @@ needed). The experts' FFN weights, where the layout splits the experts over exac
 axes (expert parallelism), are not copied but cut: each shard holds its own E / shards experts,
 and a Switch layer sends each expert's capacity slots to its shard by all_to_all over SHARDS
 (the layout inside says so: ``Layout.exchange``). Other weights split over batch axes (FSDP)
-are gathered once before the loop. Where the experts' weights are split over some batch axes
-but not all, the stages run unsharded, with the per-iteration all-reduce.
+are gathered once before the loop. Where an expert FFN weight is split over batch axes in
+another way (its experts over some of them, or over more, or in another order; its d_model or
+d_ff over one), the stages run unsharded, with the per-iteration all-reduce.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from switchzoo.layout import use
+from switchzoo.layout import experts_per_shard, use
 from switchzoo.moe import BALANCE_STATS
 from switchzoo.routing import Balance, switch_aux_loss
 
@@ -89,26 +90,20 @@ class Shards:
     cut: tuple[bool, ...]   # per stacked parameter: its experts cut over the shards (else copied)
 
 
-def shards(layout, dims: list[tuple[str, ...]], rows: int) -> Shards | None:
+def shards(layout, dims: list[tuple[str, ...]], microbatch_rows: int) -> Shards | None:
     """How each stage runs per batch shard (see the module doc), for stacked parameters of
-    ``dims`` and micro-batches of ``rows``; None where it runs unsharded (no batch axes, rows
-    that do not split over them, experts split over some of them but not all)."""
-    axes = layout.axes("batch")
+    ``dims`` and micro-batches of ``microbatch_rows``; None where it runs unsharded: no batch
+    axes, rows that do not split over them, or an expert FFN weight neither cut over exactly
+    the batch's axes nor free of them (layout.experts_per_shard). Axes of size 1 count as
+    unsplit."""
+    axes_of = lambda d: tuple(a for a in layout.axes(d) if layout.mesh.shape[a] > 1)  # noqa: E731
+    axes = axes_of("batch")
     count = math.prod(layout.mesh.shape[a] for a in axes)
-    if count == 1 or rows % count:
+    if count == 1 or microbatch_rows % count:
         return None
-    cut = []
-    for d in dims:
-        if "experts" in d and "d_ff" in d:           # an expert FFN weight
-            over = [set(layout.axes(x)) & set(axes) for x in d]
-            experts = over[d.index("experts")]
-            if any(o for x, o in zip(d, over) if x != "experts") or (
-                    experts and layout.axes("experts") != axes):
-                return None
-            cut.append(bool(experts))
-        else:
-            cut.append(False)
-    return Shards(axes, count, tuple(cut))
+    cut = [experts_per_shard(axes, d, axes_of) if "experts" in d and "d_ff" in d else False
+           for d in dims]
+    return None if None in cut else Shards(axes, count, tuple(cut))
 
 
 def stage_axis(layout) -> str | None:
@@ -200,7 +195,7 @@ def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys, dims=None):
     def per_shard(a, d, cut):   # [S, ...] -> [S, shards, ...]: a copy, or the shard's experts
         if not cut:
             return on_shards(jnp.broadcast_to(a[:, None], (S, sh.count) + a.shape[1:]))
-        e = d.index("experts") + 1 + (R > 1)        # 'layers' became [S, groups / S (, R)]
+        e = d.index("experts") + 1 + (R > 1)     # 'layers' became [S, groups / (S R) (, R)]
         a = a.reshape(a.shape[:e] + (sh.count, -1) + a.shape[e + 1:])
         return on_shards(jnp.moveaxis(a, e, 1))
 
@@ -289,7 +284,7 @@ def _fold(keys, m):
     return jax.vmap(jax.random.fold_in, (0, None))(flat, m).reshape(keys.shape)
 
 
-def combine(stats: list[dict], p: Plan, shards: int = 1) -> list[dict]:
+def combine(stats: list[dict], p: Plan, shard_count: int = 1) -> list[dict]:
     """Per-iteration stats [iterations, S, (shards,) groups / (S R), ...] -> per layer group
     [groups, ...], over the micro-batches (and their shards, each as one more micro-batch):
     routed tokens added, per-routing-group balance sums joined (micro-batch by micro-batch),
@@ -301,7 +296,7 @@ def combine(stats: list[dict], p: Plan, shards: int = 1) -> list[dict]:
     out = []
     for layer in stats:
         v = {k: x[ran, s] for k, x in layer.items()}           # [R, S, M, per block, ...]
-        if shards > 1:                                          # [R, S, M, shards, ...]
+        if shard_count > 1:                                     # [R, S, M, shards, ...]
             v = {k: x.reshape(x.shape[:2] + (-1,) + x.shape[4:]) for k, x in v.items()}
         routed = v["routed_tokens"]
         weight = routed / jnp.maximum(jnp.sum(routed, axis=2, keepdims=True), 1.0)

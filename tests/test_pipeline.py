@@ -10,7 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from switchzoo import inspector, layout as L, loop, state as state_lib, steps, weights, zoo
+from switchzoo import inspector, layout as L, loop, pipeline, state as state_lib, steps, weights
+from switchzoo import zoo
 from switchzoo.configs import mini
 from switchzoo.layout import hlo
 
@@ -46,15 +47,17 @@ def lm():
 
 
 # Each stage runs per batch shard: experts cut over the shards (expert parallelism over the
-# batch's axes: all_to_all inside the stage) or copied (experts on another axis, or unsplit).
-@pytest.mark.parametrize("mesh, layout, microbatches, repeats, dispatch", [
+# batch's axes: all_to_all inside the stage) or copied (experts on another axis: the
+# encoder-decoder test); or unsharded, where an expert weight is split over the batch's axis
+# otherwise (here its d_ff: the weights' gradients are then reduced in every iteration).
+@pytest.mark.parametrize("mesh, layout, microbatches, repeats, dispatch, per_shard", [
     ("stage:2,data:2,expert:2", "batch:data+expert,experts:data+expert,layers:stage", 4, 1,
-     "auto"),
-    ("stage:4,data:2", "batch:data,layers:stage", 4, 1, "auto"),
-    ("stage:2,data:4", "batch:data,experts:data,layers:stage", 2, 2, "dropless"),  # circular
+     "auto", True),
+    ("stage:4,data:2", "batch:data,d_ff:data,layers:stage", 4, 1, "auto", False),
+    ("stage:2,data:4", "batch:data,experts:data,layers:stage", 2, 2, "dropless", True),
 ])
 def test_decoder_only_step_equals_unpipelined(lm, mesh, layout, microbatches, repeats,
-                                              dispatch):
+                                              dispatch, per_shard):
     cfg, reference = lm(dispatch)
     cfg = cfg.replace(pipeline_microbatches=microbatches, pipeline_repeats=repeats)
     setup = state_lib.setup(cfg, L.Layout.create(layout, L.make_mesh(mesh)), optimizer=TX)
@@ -72,11 +75,12 @@ def test_decoder_only_step_equals_unpipelined(lm, mesh, layout, microbatches, re
     stacked = [x.size * x.dtype.itemsize for path, x in jax.tree_util.tree_leaves_with_path(
         setup.abstract.params) if "scanned" in state_lib.path_name(path)]
     assert all(c.bytes < min(stacked) for c in over_stages if c.kind == "all-gather")
-    # The weights' gradients are summed over the batch shards once a step, after the loop,
-    # not once per iteration of it.
+    # Per shard, the weights' gradients are summed over the batch shards once a step, after
+    # the loop; unsharded, in every iteration of it.
     batch_axes = set(setup.layout.axes("batch"))
-    assert not [c for c in program.collectives
-                if c.kind == "all-reduce" and set(c.axes) & batch_axes and c.count > 1]
+    iterations = pipeline.plan(setup.layout, cfg).iterations
+    assert any(c.kind == "all-reduce" and set(c.axes) & batch_axes and c.count >= iterations
+               for c in program.collectives) is not per_shard
 
 
 def test_encoder_decoder_step_equals_unpipelined():
@@ -88,15 +92,18 @@ def test_encoder_decoder_step_equals_unpipelined():
     assert_close(got[1], reference[1], "gradient")
 
 
-@pytest.mark.parametrize("layout, per_shard, line", [
-    ("batch:data+expert,experts:data+expert,layers:stage",
+@pytest.mark.parametrize("mesh, layout, per_shard, line", [
+    ("stage:2,data:2,expert:2", "batch:data+expert,experts:data+expert,layers:stage",
      {"axes": ["data", "expert"], "shards": 4, "experts": "cut"}, "each shard its own experts"),
-    ("batch:data,experts:expert,layers:stage",
+    ("stage:2,data:1,expert:4", "dp_pp_ep",            # axes of size 1 split nothing
+     {"axes": ["expert"], "shards": 4, "experts": "cut"}, "each shard its own experts"),
+    ("stage:2,data:2,expert:2", "batch:data,experts:expert,layers:stage",
      {"axes": ["data"], "shards": 2, "experts": "copied"}, "a copy of the stage's weights"),
-    ("batch:data+expert,experts:expert,layers:stage", None, "runs unsharded"),
+    ("stage:2,data:2,expert:2", "batch:data+expert,experts:expert,layers:stage", None,
+     "runs unsharded"),
 ])
-def test_the_inspector_says_how_each_stage_runs_per_batch_shard(layout, per_shard, line):
-    report = inspector.inspect("switch_tiny", "stage:2,data:2,expert:2", layout,
+def test_the_inspector_says_how_each_stage_runs_per_batch_shard(mesh, layout, per_shard, line):
+    report = inspector.inspect("switch_tiny", mesh, layout,
                                compile_step=False, scan_layers=True, microbatches=2)
     assert report["pipeline"]["per_shard"] == per_shard
     assert line in inspector.format_table(report)

@@ -285,6 +285,20 @@ def constrain(x, dims):
     return layout.constrain(x, dims)
 
 
+def experts_per_shard(batch_axes: tuple[str, ...], dims: tuple[str, ...], axes_of):
+    """How a pipeline stage run per batch shard (switchzoo/pipeline.py) holds an expert FFN
+    weight of ``dims``, where ``axes_of(dim)`` gives the mesh axes of size > 1 a dim is split
+    over and ``batch_axes`` the batch's: True, its experts cut over the shards (the experts
+    split over exactly the batch's axes, in order); False, a copy per shard (no dim split over
+    a batch axis); None, neither: the stage runs unsharded."""
+    over = {d: [a for a in axes_of(d) if a in batch_axes] for d in dims}
+    if any(over[d] for d in dims if d != "experts"):
+        return None
+    if not over.get("experts"):
+        return False
+    return True if tuple(axes_of("experts")) == tuple(batch_axes) else None
+
+
 def spec_axes(entry) -> tuple[str, ...]:
     """The mesh axes of one PartitionSpec entry (None, an axis name, or a tuple of them)."""
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)

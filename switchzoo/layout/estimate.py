@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import math
 
-from switchzoo.layout import hardware, hlo
+from switchzoo.layout import experts_per_shard, hardware, hlo
 from switchzoo.layout.candidates import DIMS, HOME, Candidate, Sizes, microbatches_for
 
 SPLIT = DIMS + ("layers",)      # the dims a candidate may split a parameter on
@@ -245,6 +245,15 @@ class Model:
         logits = b * self.stacks[-1].length * cfg.vocab_size / c.parts("vocab") * 4 * 3
         return int(total + logits)
 
+    def _per_shard(self, c: Candidate) -> bool:
+        """Whether switchzoo/pipeline.py runs ``c``'s stages per batch shard (each shard its
+        own copy of the stage's weights or its own experts: the gradients reduced once a
+        step), by the rule it applies to each expert FFN weight."""
+        size = dict(c.mesh)
+        axes_of = lambda d: tuple(a for a in c.axes(d) if size[a] > 1)   # noqa: E731
+        return all(experts_per_shard(axes_of("batch"), w.dims, axes_of) is not None
+                   for w in self._merged if w.role == "expert")
+
     def _loop_gradients(self, c: Candidate) -> float:
         """A pipeline's parameter-sized temporaries: every iteration uses all of a stage's
         layers, so the backward loop adds each iteration's float32 gradient of the stage's
@@ -298,10 +307,14 @@ class Model:
             entry[0] += nbytes * count / entry[1]
 
         stacked = 0.0
+        # a pipeline whose stages cannot run per batch shard reduces its stacked weights'
+        # gradients in every iteration of its loop
+        grads = c.iterations if c.stages > 1 and not self._per_shard(c) else 1
         for w in self._merged:
             own = {a for d in set(w.dims) if d in SPLIT for a in c.axes(d)}
             parts = math.prod(c.parts(d) for d in set(w.dims) if d in SPLIT and d != "batch")
-            add("all-reduce", batch_axes - own, 4 * w.elements / parts, 1)
+            add("all-reduce", batch_axes - own, 4 * w.elements / parts,
+                grads if "layers" in w.dims else 1)
             if "layers" in w.dims:
                 stacked += 4 * w.elements / parts
         act = self.passes - 1                  # forward (+ recompute) and backward
