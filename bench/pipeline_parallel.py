@@ -5,8 +5,8 @@ For each schedule (stages S over a 'stage' axis, the rest of the 8 devices on 'd
 micro-batches M; rounds R) the step is compiled from abstract state (the dry run's way) and
 read: parameter and optimizer bytes per device (from the shardings), XLA's temporaries per
 device (activations and workspace), the all-reduces over the data shards (bytes a step, and
-the most times one of them runs a step: 1 where the gradients are reduced once, after the
-loop), and the matmul FLOPs each device executes inside the layer loops
+the most times one of them runs a step, all-reduces of one size and group counted together:
+1 where the gradients are reduced once, after the loop), and the matmul FLOPs each device executes inside the layer loops
 (switchzoo/layout/hlo.py, loop trip counts multiplied in). In switchzoo's pipeline a stage
 with no micro-batch to run computes on a dummy one, so the bubble shows up as executed work:
 
