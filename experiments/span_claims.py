@@ -57,6 +57,8 @@ ROUTER = [
     Run("switch_8_nojitter", "switch_sc_cpu_8", ("--config.moe.jitter=0",),
         baseline="dense"),                               # no router-input noise
     Run("switch_8_enc0", "switch_sc_cpu_8_enc0", baseline="dense"),   # the encoder's first FFN
+    Run("switch_8_nojitter_s1", "switch_sc_cpu_8", ("--config.moe.jitter=0",), seed=1,
+        baseline="dense_s1"),                            # no jitter's second seed
 ]
 BATCH, INPUTS, TARGETS = 32, 128, 29
 
