@@ -82,7 +82,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
     panels = {title: [r.name for r in RUNS]}
     router = [r.name for r in ROUTER if r.name in result["runs"]]
     if router:
-        panels["the encoder's router: one change each to switch_8 (seed 0)"] = [
+        panels["the encoder's router: one change each to switch_8"] = [
             "dense", "switch_8", *router]
     harness.plot_curves(result, path, panels)
 
