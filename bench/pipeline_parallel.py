@@ -6,8 +6,8 @@ micro-batches M; rounds R) the step is compiled from abstract state (the dry run
 read: parameter and optimizer bytes per device (from the shardings), XLA's temporaries per
 device (activations and workspace), the all-reduces over the data shards (bytes a step, and
 the most times one of them runs a step, all-reduces of one size and group counted together:
-1 where the gradients are reduced once, after the loop), and the matmul FLOPs each device executes inside the layer loops
-(switchzoo/layout/hlo.py, loop trip counts multiplied in). In switchzoo's pipeline a stage
+1 where the gradients are reduced once, after the loop), and the matmul FLOPs each device
+executes inside the layer loops (switchzoo/layout/hlo.py, loop trip counts multiplied in). In switchzoo's pipeline a stage
 with no micro-batch to run computes on a dummy one, so the bubble shows up as executed work:
 
     measured idle fraction = 1 - (useful layer FLOPs per device) / (executed layer FLOPs)
@@ -56,7 +56,8 @@ def compile_step(cfg, mesh: str, layout: str, batch: int, length: int, devices):
                                                setup.shardings.opt_state),
             "temp_bytes_per_device": inspector.memory_stats(compiled)["temp_bytes"],
             "layer_flops_per_device": hlo.loop_flops(compiled.as_text()),
-            # the gradients' reduction over the data shards (once a step: no count above 1)
+            # the gradients' reduction over the data shards (a pipeline's per-shard stages:
+            # once a step; an unpipelined scan: once per layer group)
             "data_all_reduce_bytes_per_step": sum(c.bytes * c.count for c in over_data),
             "data_all_reduce_most_per_step": max((c.count for c in over_data), default=0),
             "compile_seconds": round(seconds, 2)}

@@ -109,6 +109,7 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, group_size=group_size))
     setup = state_lib.setup(cfg, layout, mesh, optimizer=optimizer)
     mesh_obj, lay, abstract, shardings = setup.mesh, setup.layout, setup.abstract, setup.shardings
+    batch_size = batch_size or 2 * mesh_obj.size
     tensors = []
     flat, _ = jax.tree_util.tree_flatten_with_path(abstract.params)
     flat_sh = jax.tree.leaves(shardings.params)
@@ -129,7 +130,7 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         "attention": str(attention_impl(cfg)),
         "pipeline": _pipeline(lay, cfg, [setup.dims[t["name"]] for t in tensors
                                          if "scanned" in t["name"]],
-                              batch_size or 2 * mesh_obj.size),
+                              batch_size),
         "params_bytes_total": int(sum(layout_lib.nbytes(x.shape, x.dtype)
                                       for x in jax.tree.leaves(abstract.params))),
         "params_bytes_per_device_max": _bytes_per_device(abstract.params, shardings.params),
@@ -137,7 +138,6 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
         "tensors": tensors,
     }
     if compile_step:
-        batch_size = batch_size or 2 * mesh_obj.size
         step = steps.make_train_step(setup)
         batch = {k: jax.ShapeDtypeStruct((batch_size, length), dt) for k, dt in
                  (("inputs", np.int32), ("targets", np.int32), ("weights", np.float32))}

@@ -56,9 +56,10 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from switchzoo.layout import experts_per_shard, use
+from switchzoo.layout import experts_cut, use
 from switchzoo.moe import BALANCE_STATS
 from switchzoo.routing import Balance, switch_aux_loss
 
@@ -94,16 +95,15 @@ def shards(layout, dims: list[tuple[str, ...]], microbatch_rows: int) -> Shards 
     """How each stage runs per batch shard (see the module doc), for stacked parameters of
     ``dims`` and micro-batches of ``microbatch_rows``; None where it runs unsharded: no batch
     axes, rows that do not split over them, or an expert FFN weight neither cut over exactly
-    the batch's axes nor free of them (layout.experts_per_shard). Axes of size 1 count as
+    the batch's axes nor free of them (layout.experts_cut). Axes of size 1 count as
     unsplit."""
     axes_of = lambda d: tuple(a for a in layout.axes(d) if layout.mesh.shape[a] > 1)  # noqa: E731
     axes = axes_of("batch")
     count = math.prod(layout.mesh.shape[a] for a in axes)
     if count == 1 or microbatch_rows % count:
         return None
-    cut = [experts_per_shard(axes, d, axes_of) if "experts" in d and "d_ff" in d else False
-           for d in dims]
-    return None if None in cut else Shards(axes, count, tuple(cut))
+    cut = experts_cut(dims, axes_of)
+    return None if cut is None else Shards(axes, count, tuple(cut))
 
 
 def stage_axis(layout) -> str | None:
@@ -168,20 +168,22 @@ def schedule(p: Plan) -> dict[str, np.ndarray]:
     return {"micro": since % M, "round": np.clip(since // M, 0, R - 1), "first": t % M}
 
 
-def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys, dims=None):
+def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
     """``body(x, rows, shared, params, keys, select) -> (x, stats)`` runs consecutive layer
     groups (a lax.scan over ``params``' leading dim, the stats its ys: a list of {name: [groups,
     ...]}; ``select``, when given, picks each group's parameters from its slice, inside the
-    group's remat); ``rows`` are per batch row, ``shared`` the same for every row; ``dims``
-    the logical dims of ``params``' leaves in order (None: the stages run unsharded). Runs all
-    the groups over the stage axis; returns (x_BTD, stats) as one unpipelined ``body`` would."""
+    group's remat; ``params``: nnx state, whose Variables name their dims); ``rows`` are per
+    batch row, ``shared`` the same for every row. Runs all the groups over the stage axis;
+    returns (x_BTD, stats) as one unpipelined ``body`` would."""
     S, M, R = p.stages, p.microbatches, p.repeats
     B = x_BTD.shape[0]
     if B % M:
         raise ValueError(f"the batch of {B} rows does not divide into {M} pipeline "
                          "micro-batches; choose pipeline_microbatches dividing it")
     mb = B // M
-    sh = None if dims is None else shards(layout, dims, mb)
+    dims = [v.get_metadata()["dims"] for v in jax.tree.leaves(
+        params, is_leaf=lambda x: isinstance(x, nnx.Variable))]
+    sh = shards(layout, dims, mb)
 
     def on_stage(a, dim=0):     # stage-sharded at ``dim``, the other dims left to GSPMD
         spec = [P.UNCONSTRAINED] * a.ndim

@@ -228,10 +228,8 @@ class Stack(nnx.Module):
         if plan is None:
             x_BTD, stats = run(x_BTD, rows, bias_BHTS, params, group_keys)
         else:
-            dims = [v.get_metadata()["dims"] for v in jax.tree.leaves(
-                params, is_leaf=lambda x: isinstance(x, nnx.Variable))]
             x_BTD, stats = pipeline.run(plan, active(), run, x_BTD, rows, bias_BHTS, params,
-                                        group_keys, dims)
+                                        group_keys)
         if not stats:
             return x_BTD, []
         # [groups, sparse per group, ...] -> [sparse layers, ...]: layer g * period + j in order.

@@ -285,18 +285,26 @@ def constrain(x, dims):
     return layout.constrain(x, dims)
 
 
-def experts_per_shard(batch_axes: tuple[str, ...], dims: tuple[str, ...], axes_of):
-    """How a pipeline stage run per batch shard (switchzoo/pipeline.py) holds an expert FFN
-    weight of ``dims``, where ``axes_of(dim)`` gives the mesh axes of size > 1 a dim is split
-    over and ``batch_axes`` the batch's: True, its experts cut over the shards (the experts
-    split over exactly the batch's axes, in order); False, a copy per shard (no dim split over
-    a batch axis); None, neither: the stage runs unsharded."""
-    over = {d: [a for a in axes_of(d) if a in batch_axes] for d in dims}
-    if any(over[d] for d in dims if d != "experts"):
-        return None
-    if not over.get("experts"):
-        return False
-    return True if tuple(axes_of("experts")) == tuple(batch_axes) else None
+def experts_cut(weights_dims, axes_of) -> list[bool] | None:
+    """How a pipeline stage run per batch shard (switchzoo/pipeline.py) holds weights of these
+    dims, where ``axes_of(dim)`` gives the mesh axes of size > 1 a dim is split over: per
+    weight, True where its experts are cut over the shards (an expert FFN weight, experts and
+    d_ff, with its experts split over exactly the batch's axes, in order), False where each
+    shard holds a copy; None where an expert FFN weight is split over the batch's axes in any
+    other way (the stage then runs unsharded)."""
+    batch = tuple(axes_of("batch"))
+    out = []
+    for dims in weights_dims:
+        if not ("experts" in dims and "d_ff" in dims):
+            out.append(False)
+            continue
+        over = {d: [a for a in axes_of(d) if a in batch] for d in dims}
+        if any(over[d] for d in dims if d != "experts"):
+            return None
+        if over["experts"] and tuple(axes_of("experts")) != batch:
+            return None
+        out.append(bool(over["experts"]))
+    return out
 
 
 def spec_axes(entry) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import math
 
-from switchzoo.layout import experts_per_shard, hardware, hlo
+from switchzoo.layout import experts_cut, hardware, hlo
 from switchzoo.layout.candidates import DIMS, HOME, Candidate, Sizes, microbatches_for
 
 SPLIT = DIMS + ("layers",)      # the dims a candidate may split a parameter on
@@ -251,8 +251,7 @@ class Model:
         step), by the rule it applies to each expert FFN weight."""
         size = dict(c.mesh)
         axes_of = lambda d: tuple(a for a in c.axes(d) if size[a] > 1)   # noqa: E731
-        return all(experts_per_shard(axes_of("batch"), w.dims, axes_of) is not None
-                   for w in self._merged if w.role == "expert")
+        return experts_cut([w.dims for w in self._merged], axes_of) is not None
 
     def _loop_gradients(self, c: Candidate) -> float:
         """A pipeline's parameter-sized temporaries: every iteration uses all of a stage's
