@@ -33,11 +33,13 @@ import lm_claims  # noqa: E402
 from harness import Run  # noqa: E402
 
 MODELS = {"dense": "dense_lm_cpu", "switch_8": "switch_lm_cpu_8"}
+RUNGS = {"switch_16": "switch_lm_cpu_16", "switch_32": "switch_lm_cpu_32"}   # Figure 4's
 RATES = (0.005, 0.01, 0.02, 0.04, 0.08)
+SEEDS = (0, 1)
 
 
-def name(model: str, rate: float, const: bool = False) -> str:
-    return f"{model}_lr{rate:g}" + ("_const" if const else "")
+def name(model: str, rate: float, const: bool = False, seed: int = 0) -> str:
+    return f"{model}_lr{rate:g}" + ("_const" if const else "") + (f"_s{seed}" if seed else "")
 
 
 def runs(rates, steps: int, best: dict | None = None) -> list[Run]:
@@ -52,13 +54,29 @@ def runs(rates, steps: int, best: dict | None = None) -> list[Run]:
                             f"--config.warmup_steps={steps}"),
                            baseline=None if m == "dense" else name("dense", best["dense"], True)
                            if "dense" in best else None))
-    return out
+    return out + at_best(best) if best and set(MODELS) <= set(best) else out
+
+
+def at_best(best: dict) -> list[Run]:
+    """The headline questions again at each model's best rate and schedule (the grid's, which
+    decays): a second seed of the pair, and Figure 4's rungs (16 and 32 experts, at Switch-8's
+    best rate: a Switch model's rate is the router's and the dense layers', which the expert
+    count leaves alone) on both seeds. Each is compared with dense of its own seed."""
+    dense = lambda seed: name("dense", best["dense"], seed=seed)  # noqa: E731
+    out = [Run(name(m, best[m], seed=s), model, (f"--config.learning_rate={best[m]:g}",),
+               seed=s, baseline=None if m == "dense" else dense(s))
+           for m, model in MODELS.items() for s in SEEDS[1:]]
+    return out + [Run(name(m, best["switch_8"], seed=s), model,
+                      (f"--config.learning_rate={best['switch_8']:g}",), seed=s,
+                      baseline=dense(s))
+                  for m, model in RUNGS.items() for s in SEEDS]
 
 
 def names(rates) -> set[str]:
     """Every run --runs may name: the grid's, and the constant-schedule run at every rate (which
     of those trains follows the report's best rates)."""
-    return {name(m, r, const) for m in MODELS for r in rates for const in (False, True)}
+    return ({name(m, r, const) for m in MODELS for r in rates for const in (False, True)}
+            | {name(m, r, seed=s) for m in (*MODELS, *RUNGS) for r in rates for s in SEEDS})
 
 
 def final(result: dict, run: str) -> float | None:
@@ -129,9 +147,9 @@ def main(argv=None) -> int:
         harness.run(grid, args.out, only=wanted(r.name for r in grid.runs))
     best = {m: b["rate"] for m, b in best_rates(about(grid), rates).items()}
     full = study(best)
-    consts = wanted(r.name for r in full.runs if r.name.endswith("_const"))
-    if not args.report and consts:
-        harness.run(full, args.out, only=consts)
+    later = wanted(r.name for r in full.runs if r.name not in {g.name for g in grid.runs})
+    if not args.report and later:
+        harness.run(full, args.out, only=later)
     result = about(full)
     result["rates"] = rates
     result["best"] = best_rates(result, rates)
