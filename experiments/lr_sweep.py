@@ -101,6 +101,19 @@ def best_rates(result: dict, rates) -> dict:
     return out
 
 
+def at_best_claims(result: dict, best: dict) -> dict:
+    """experiments/lm_claims.py's goals (steps to dense's final loss, the gap against the seed
+    noise, Figure 4's doubling of experts) over the runs at each model's best rate: lm_claims'
+    run names, each mapped onto this sweep's run (``runs`` in the answer says which)."""
+    rate = {m: best[m]["rate"] for m in MODELS}
+    rate.update({m: rate["switch_8"] for m in RUNGS})
+    names = {(m if s == 0 else f"{m}_s{s}"): name(m, rate[m], seed=s)
+             for m in (*MODELS, *RUNGS) for s in SEEDS}
+    mapped = {k: result["runs"][v] for k, v in names.items() if v in result["runs"]}
+    return {"runs": {k: names[k] for k in mapped},
+            **lm_claims.claims({**result, "runs": mapped})}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=pathlib.Path, required=True)
@@ -162,12 +175,20 @@ def main(argv=None) -> int:
         result["switch_minus_dense"]["each_at_its_best"] = round(
             b["switch_8"]["loss"] - b["dense"]["loss"], 4)
 
+    if {"dense", "switch_8"} <= set(b):
+        result["at_best"] = at_best_claims(result, b)
+    grid_names = {r.name for r in grid.runs if not r.name.endswith("_const")}
+
     def plot(res: dict, path: pathlib.Path) -> None:
-        harness.plot_curves(res, path, {f"learning rate sweep, {args.steps} steps":   # finished
-                                        [n for n, r in res["runs"].items() if r["finished"]]})
+        done = [n for n, r in res["runs"].items() if r["finished"]]
+        panels = {f"learning rate sweep, {args.steps} steps": [n for n in done if n in grid_names]}
+        if "at_best" in res:
+            panels["at each model's best rate: seeds, experts, constant schedule"] = [
+                n for n in done if n in res["at_best"]["runs"].values() or "_const" in n]
+        harness.plot_curves(res, path, panels)
     harness.write(result, args.out, plot, publish=args.publish)
     print(json.dumps({"best": result["best"], "switch_minus_dense":
-                      result["switch_minus_dense"]}, indent=1))
+                      result["switch_minus_dense"], "at_best": result.get("at_best")}, indent=1))
     return 0
 
 

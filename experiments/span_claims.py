@@ -18,6 +18,9 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
                                   the encoder's router: one change each to switch_8 (router
                                   z-loss 0.001, router updates x10, no jitter, the encoder's
                                   Switch layer first); trained only when named in --runs
+    dense_lrR, switch_8_nojitter_lrR (_s1)
+                                  dense and no-jitter Switch-8 at rate R (0.02, 0.04; the
+                                  recipe's is 0.01), seeds 0 and 1; only when named in --runs
 
 32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
 encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
@@ -60,13 +63,28 @@ ROUTER = [
     Run("switch_8_nojitter_s1", "switch_sc_cpu_8", ("--config.moe.jitter=0",), seed=1,
         baseline="dense_s1"),                            # no jitter's second seed
 ]
+# Each model at higher rates (the LM's sweep found 0.04 best for dense and Switch-8 at its budget,
+# where these ran at the recipe's 0.01): dense and no-jitter Switch-8 (the router change that
+# helped), each pair compared with dense at its own rate and seed; trained only when named
+RATE_GRID = (0.02, 0.04)
+
+
+def rated(rate: float, seed: int = 0) -> list[Run]:
+    tail = f"_lr{rate:g}" + (f"_s{seed}" if seed else "")
+    flag = f"--config.learning_rate={rate:g}"
+    return [Run("dense" + tail, "dense_sc_cpu", (flag,), seed=seed, baseline="dense" + tail),
+            Run("switch_8_nojitter" + tail, "switch_sc_cpu_8", (flag, "--config.moe.jitter=0"),
+                seed=seed, baseline="dense" + tail)]
+
+
+RATES = [r for rate in RATE_GRID for seed in (0, 1) for r in rated(rate, seed)]
 BATCH, INPUTS, TARGETS = 32, 128, 29
 
 
 def study(args) -> harness.Study:
     corpus = pathlib.Path(args.corpus).resolve()
     return harness.Study(
-        name=args.name, config="configs/c4_cpu.py", runs=RUNS + ROUTER, steps=args.steps,
+        name=args.name, config="configs/c4_cpu.py", runs=RUNS + ROUTER + RATES, steps=args.steps,
         eval_every=args.eval_every, title="Switch vs dense, span corruption on English prose",
         vocab=None if args.vocab is None else args.vocab.resolve(),
         flags=(f"--config.per_device_batch_size={BATCH}", "--config.data.source=files",
@@ -84,7 +102,28 @@ def plot(result: dict, path: pathlib.Path) -> None:
     if router:
         panels["the encoder's router: one change each to switch_8"] = [
             "dense", "switch_8", *router]
+    rates = [r.name for r in RATES if r.name in result["runs"]]
+    if rates:
+        panels["by learning rate: dense and no-jitter Switch-8"] = [
+            "dense", "switch_8_nojitter", *rates]
     harness.plot_curves(result, path, panels)
+
+
+def rate_effects(result: dict) -> dict:
+    """At each rate of RATE_GRID that has finished runs (and at the recipe's 0.01, the runs
+    dense and switch_8_nojitter): no-jitter Switch-8 against dense of the same rate under the
+    noise rule, like for like over the seeds both ran (verdicts.compare), with the study's
+    reference spread where only one seed ran."""
+    runs = {n: r for n, r in result["runs"].items() if r["finished"]}
+    finished = {**result, "runs": runs}
+    out = {}
+    for rate, tail in [(0.01, "")] + [(r, f"_lr{r:g}") for r in RATE_GRID]:
+        dense, switch = "dense" + tail, "switch_8_nojitter" + tail
+        if dense in runs and switch in runs:
+            out[f"{rate:g}"] = {"dense": verdicts.seeds(finished, dense),
+                                "switch_8_nojitter": verdicts.seeds(finished, switch),
+                                "switch_better": verdicts.compare(finished, switch, dense)}
+    return out
 
 
 def router_effects(result: dict) -> dict:
@@ -116,7 +155,7 @@ def router_effects(result: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    lm_claims.arguments(p, "span_claims", RUNS + ROUTER, [r.name for r in RUNS])
+    lm_claims.arguments(p, "span_claims", RUNS + ROUTER + RATES, [r.name for r in RUNS])
     p.add_argument("--vocab", type=pathlib.Path, default=None,
                    help="lm_claims' tokenizer.model (runs/lm/dense/tokenizer.model), so both "
                         "studies read one vocabulary; without it the first run trains one")
@@ -148,10 +187,11 @@ def main(argv=None) -> int:
         result["supervised_target_tokens_per_run"] = dense["tokens_seen"]
     result["claims"] = lm_claims.claims(result)
     result["router_effects"] = router_effects(result)
+    result["rate_effects"] = rate_effects(result)
     harness.write(result, args.out, plot, publish=args.publish)
     print(lm_claims.markdown(result))
-    print(json.dumps({"claims": result["claims"], "router_effects": result["router_effects"]},
-                     indent=1))
+    print(json.dumps({"claims": result["claims"], "router_effects": result["router_effects"],
+                      "rate_effects": result["rate_effects"]}, indent=1))
     return 0
 
 

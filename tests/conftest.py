@@ -91,3 +91,19 @@ FIRST = ("test_bench_gpu.py::test_smoke", "test_multiprocess.py::test_two_proces
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not any(f in item.nodeid for f in FIRST))
+
+
+class Lazy:
+    """Module ``name``, imported at its first attribute: torch and transformers (the Hugging
+    Face oracle, ~6 s of CPU to import) are read by four test modules, and every xdist worker
+    imports every test module to collect it; a worker that runs none of their tests no longer
+    pays for them."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        if attr.startswith("_"):       # pytest's collection probes names such as _mock_name
+            raise AttributeError(attr)
+        import importlib
+        return getattr(importlib.import_module(self._name), attr)

@@ -4,20 +4,21 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
-from transformers import SwitchTransformersConfig, SwitchTransformersForConditionalGeneration
 
 import switchzoo
 from switchzoo import zoo
 
 from test_hf import CONFIGS
+from conftest import Lazy
+
+torch, transformers = Lazy("torch"), Lazy("transformers")
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def checkpoint(request, tmp_path_factory):
     torch.manual_seed(0)
-    model = SwitchTransformersForConditionalGeneration(
-        SwitchTransformersConfig(expert_capacity=64, initializer_factor=4.0,
+    model = transformers.SwitchTransformersForConditionalGeneration(
+        transformers.SwitchTransformersConfig(expert_capacity=64, initializer_factor=4.0,
                                  **CONFIGS[request.param])).eval()
     with torch.no_grad():
         # A random model mostly predicts the pad id; a zero row makes the output less trivial.

@@ -7,12 +7,13 @@ import shutil
 import jax
 import numpy as np
 import pytest
-import torch
-from transformers import (SwitchTransformersConfig, SwitchTransformersForConditionalGeneration,
-                          T5Config, T5ForConditionalGeneration)
 
 import switchzoo
 from switchzoo import hf, tensorfile
+
+from conftest import Lazy
+
+torch, transformers = Lazy("torch"), Lazy("transformers")
 
 CONFIGS = {
     # encoder deeper than decoder, tied embeddings, 4 experts, sparse every 2nd / 3rd block
@@ -31,8 +32,8 @@ CONFIGS = {
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def checkpoint(request, tmp_path_factory):
     torch.manual_seed(0)
-    cfg = SwitchTransformersConfig(expert_capacity=64, **CONFIGS[request.param])
-    model = SwitchTransformersForConditionalGeneration(cfg).eval()
+    cfg = transformers.SwitchTransformersConfig(expert_capacity=64, **CONFIGS[request.param])
+    model = transformers.SwitchTransformersForConditionalGeneration(cfg).eval()
     with torch.no_grad():     # one input embedding, as in the published checkpoints
         model.encoder.embed_tokens.weight.copy_(model.shared.weight)
         model.decoder.embed_tokens.weight.copy_(model.shared.weight)
@@ -97,7 +98,7 @@ def test_round_trip_is_bit_identical_and_transformers_reads_it(checkpoint, tmp_p
         assert a.get(n).dtype == b.get(n).dtype and a.get(n).tobytes() == b.get(n).tobytes(), n
     assert json.loads((tmp_path / "config.json").read_text()) == \
         json.loads((path / "config.json").read_text())
-    back = SwitchTransformersForConditionalGeneration.from_pretrained(tmp_path).eval()
+    back = transformers.SwitchTransformersForConditionalGeneration.from_pretrained(tmp_path).eval()
     src, mask, dec = inputs(model.config.vocab_size)
     np.testing.assert_array_equal(reference_logits(back, src, mask, dec),
                                   reference_logits(model, src, mask, dec))
@@ -164,7 +165,8 @@ def test_a_fresh_model_saves_in_a_format_transformers_reads(tmp_path):
     cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, group_size=0, expert_capacity=64))
     ours = switchzoo.init(cfg, seed=1)
     ours.save_pretrained(tmp_path)
-    theirs = SwitchTransformersForConditionalGeneration.from_pretrained(tmp_path).eval()
+    theirs = transformers.SwitchTransformersForConditionalGeneration.from_pretrained(
+        tmp_path).eval()
     src, mask, dec = inputs(cfg.vocab_size)
     got = np.asarray(ours(src, attention_mask=mask, decoder_input_ids=dec))
     np.testing.assert_allclose(got, reference_logits(theirs, src, mask, dec), atol=1e-4)
@@ -181,7 +183,7 @@ T5_CONFIGS = {
 def t5_checkpoint(path, **kw):
     """A random Hugging Face T5 saved at ``path`` (``kw`` over small defaults)."""
     torch.manual_seed(0)
-    model = T5ForConditionalGeneration(T5Config(**{
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(**{
         **dict(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=1,
                num_heads=4), **kw})).eval()
     model.save_pretrained(path)

@@ -6,17 +6,17 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-import torch
-from transformers import (AutoModelForSeq2SeqLM, SwitchTransformersConfig,
-                          SwitchTransformersForConditionalGeneration)
-from transformers.models.switch_transformers.modeling_switch_transformers import (
-    load_balancing_loss_func)
 
 from switchzoo import api, hf, hf_export, steps, upcycle, weights
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig, MoeConfig
 
 from test_hf import inputs, reference_logits, t5_checkpoint
+from conftest import Lazy
+
+torch, transformers = Lazy("torch"), Lazy("transformers")
+switch_transformers = Lazy(
+    "transformers.models.switch_transformers.modeling_switch_transformers")
 
 ONE_DEVICE = dict(layout="data_parallel", mesh="data:1", devices=jax.devices()[:1])
 # Routed per sequence with room for every token, as transformers routes: capacity then changes
@@ -74,7 +74,7 @@ REFUSED = {
 def test_a_saved_model_computes_the_same_logits_in_transformers(name, tmp_path):
     ours = random_model(SAVED[name])
     ours.save_pretrained(tmp_path)
-    theirs = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    theirs = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     src, mask, dec = inputs(BASE.vocab_size)
     got = np.asarray(ours(src, attention_mask=mask, decoder_input_ids=dec))
     np.testing.assert_allclose(got, reference_logits(theirs, src, mask, dec), atol=1e-4)
@@ -98,7 +98,8 @@ def test_without_the_refusal_transformers_would_compute_another_model(tmp_path, 
     monkeypatch.setattr(hf_export, "refusal", lambda cfg: None)
     ours = random_model(REFUSED["gates_sum_to_one"][0])
     ours.save_pretrained(tmp_path)
-    theirs = SwitchTransformersForConditionalGeneration.from_pretrained(tmp_path).eval()
+    theirs = transformers.SwitchTransformersForConditionalGeneration.from_pretrained(
+        tmp_path).eval()
     got = np.asarray(ours(src, attention_mask=mask, decoder_input_ids=dec))
     assert np.abs(got - reference_logits(theirs, src, mask, dec)).max() > 1e-2
 
@@ -148,7 +149,8 @@ def loss_checkpoint(request, tmp_path_factory):
     """A random SwitchTransformers checkpoint (transformers' own initialisation: routers far
     from uniform) of LOSS_CONFIGS[name]."""
     torch.manual_seed(0)
-    model = SwitchTransformersForConditionalGeneration(SwitchTransformersConfig(
+    Switch = transformers.SwitchTransformersForConditionalGeneration
+    model = Switch(transformers.SwitchTransformersConfig(
         vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_heads=4, num_experts=4,
         expert_capacity=64, dropout_rate=0.0, router_jitter_noise=0.0, decoder_start_token_id=0,
         **LOSS_CONFIGS[request.param]))
@@ -163,8 +165,8 @@ def loss_checkpoint(request, tmp_path_factory):
 def per_layer_aux_mean(router_logits) -> float:
     """The mean of the stack's Switch layers' own aux losses: what transformers does not
     compute where a stack has more than one."""
-    return float(np.mean([load_balancing_loss_func(torch.softmax(l, -1), l.argmax(-1))
-                          for l in router_logits]))
+    balance = switch_transformers.load_balancing_loss_func
+    return float(np.mean([balance(torch.softmax(l, -1), l.argmax(-1)) for l in router_logits]))
 
 
 @pytest.mark.parametrize("scan_layers, dispatch", [(False, "auto"), (True, "index")])

@@ -54,8 +54,48 @@ def test_refusals_in_one_line(tmp_path, capsys):
     assert "no " in capsys.readouterr().err
 
 
-def test_every_grid_and_constant_schedule_run_can_be_named():
+def test_every_grid_constant_schedule_and_best_rate_run_can_be_named():
     got = lr_sweep.names((0.01, 0.04))
-    assert got == {"dense_lr0.01", "dense_lr0.04", "switch_8_lr0.01", "switch_8_lr0.04",
-                   "dense_lr0.01_const", "dense_lr0.04_const", "switch_8_lr0.01_const",
-                   "switch_8_lr0.04_const"}
+    assert {"dense_lr0.01", "dense_lr0.04", "switch_8_lr0.01", "switch_8_lr0.04",
+            "dense_lr0.01_const", "dense_lr0.04_const", "switch_8_lr0.01_const",
+            "switch_8_lr0.04_const", "dense_lr0.04_s1", "switch_32_lr0.01_s1"} <= got
+    assert "switch_16_lr0.04_const" not in got and "dense_lr0.02_s1" not in got
+
+
+def test_the_headline_questions_at_each_models_best_rate():
+    """The second seed of the pair and Figure 4's rungs run at the best rates (the rungs at
+    Switch-8's), each against dense of its own seed; and lm_claims' goals read them under its
+    run names."""
+    runs = {r.name: r for r in lr_sweep.runs((0.02, 0.04), 2400, {"dense": 0.04,
+                                                                   "switch_8": 0.02})}
+    assert runs["dense_lr0.04_s1"].seed == 1 and runs["dense_lr0.04_s1"].baseline is None
+    assert runs["switch_8_lr0.02_s1"].baseline == "dense_lr0.04_s1"
+    for seed, tail in ((0, ""), (1, "_s1")):
+        rung = runs["switch_32_lr0.02" + tail]
+        assert (rung.model, rung.seed, rung.baseline) == ("switch_lm_cpu_32", seed,
+                                                          "dense_lr0.04" + tail)
+        assert rung.flags == ("--config.learning_rate=0.02",)
+    assert "switch_16_lr0.04" not in runs and "switch_8_lr0.02" in runs
+
+    def run(model, losses, seed=0, rate=0.04, fraction=None):
+        return {"model": model, "flags": [f"--config.learning_rate={rate:g}"], "seed": seed,
+                "train_steps": 400, "starts_from": None, "finished": True,
+                "steps": [200, 400], "eval_loss": losses, "final_eval_loss": losses[-1],
+                "fraction_of_baseline_steps": fraction}
+    result = {"runs": {
+        "dense_lr0.04": run("dense_lm_cpu", [5.0, 4.0]),
+        "dense_lr0.04_s1": run("dense_lm_cpu", [5.0, 4.1], seed=1),
+        "switch_8_lr0.02": run("switch_lm_cpu_8", [4.5, 3.9], rate=0.02, fraction=0.6),
+        "switch_8_lr0.02_s1": run("switch_lm_cpu_8", [4.6, 3.95], 1, 0.02, fraction=0.7),
+        "switch_16_lr0.02": run("switch_lm_cpu_16", [4.4, 3.8], rate=0.02),
+        "switch_8_lr0.04": run("switch_lm_cpu_8", [9.0, 9.0])}}     # not at its best rate
+    best = {"dense": {"rate": 0.04}, "switch_8": {"rate": 0.02}}
+    claims = lr_sweep.at_best_claims(result, best)
+    assert claims["runs"] == {"dense": "dense_lr0.04", "dense_s1": "dense_lr0.04_s1",
+                              "switch_8": "switch_8_lr0.02", "switch_8_s1": "switch_8_lr0.02_s1",
+                              "switch_16": "switch_16_lr0.02"}
+    speedup = claims["switch_8_speedup"]
+    assert speedup["fraction_of_dense_steps"] == [0.6, 0.7] and not speedup["holds"]
+    noise = claims["switch_8_beyond_noise"]              # gaps 0.1 and 0.15, paired by seed
+    assert noise["gaps"] == [0.1, 0.15] and noise["noise_from"] == "paired" and noise["holds"]
+    assert "more_experts_help" in claims and claims["more_experts_help"]["holds"]

@@ -229,3 +229,33 @@ def test_span_router_effects_compare_each_change_with_switch_8_and_dense():
     alone = {k: v for k, v in runs.items() if k != "dense_s1"}
     e = span_claims.router_effects({"runs": alone})
     assert e["switch_8_zloss"]["against_dense"]["verdict"] == "better, no noise estimate"
+
+
+def test_span_rate_effects_pair_no_jitter_switch_with_dense_of_its_rate_and_seed():
+    import span_claims
+    steps = [1200, 2400]
+    lr = lambda r: [f"--config.learning_rate={r:g}"]                          # noqa: E731
+    nj = ["--config.moe.jitter=0"]
+    runs = {"dense": summary(steps, [4.0, 3.8], model="d"),
+            "switch_8_nojitter": summary(steps, [4.0, 3.7], model="s", flags=nj),
+            "dense_lr0.04": summary(steps, [3.9, 3.6], model="d", flags=lr(0.04)),
+            "dense_lr0.04_s1": summary(steps, [3.9, 3.65], 1, model="d", flags=lr(0.04)),
+            "switch_8_nojitter_lr0.04": summary(steps, [3.8, 3.5], model="s",
+                                                flags=lr(0.04) + nj),
+            "switch_8_nojitter_lr0.04_s1": summary(steps, [3.8, 3.58], 1, model="s",
+                                                   flags=lr(0.04) + nj),
+            "dense_lr0.02": summary(steps, [3.9, 3.7], model="d", flags=lr(0.02)),
+            "switch_8_nojitter_lr0.02": summary(steps, [3.9, 3.6], model="s",
+                                                flags=lr(0.02) + nj, finished=False)}
+    out = span_claims.rate_effects({"runs": runs})
+    assert list(out) == ["0.01", "0.04"]          # 0.02's Switch run has not finished
+    at = out["0.04"]
+    assert at["dense"] == {0: 3.6, 1: 3.65} and at["switch_8_nojitter"] == {0: 3.5, 1: 3.58}
+    c = at["switch_better"]
+    assert c["seeds"] == [0, 1] and c["gaps"] == [0.1, 0.07] and c["noise_from"] == "paired"
+    assert c["better"] and c["beyond_noise"]        # margin 0.085 > 2 x 0.03
+    assert out["0.01"]["switch_better"]["noise_from"] == "reference"   # one seed each
+    names = {r.name: r for r in span_claims.RATES}
+    assert names["switch_8_nojitter_lr0.02_s1"].baseline == "dense_lr0.02_s1"
+    assert names["switch_8_nojitter_lr0.02_s1"].flags == ("--config.learning_rate=0.02",
+                                                          "--config.moe.jitter=0")
