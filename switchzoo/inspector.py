@@ -172,7 +172,8 @@ def _pipeline(lay, cfg, stacked_dims: list, batch: int) -> dict | None:
             "repeats": p.repeats, "iterations": p.iterations, "bubble": round(p.bubble, 4),
             "batch_shards": lay.parts("batch"), "per_shard": None if sh is None else {
                 "axes": list(sh.axes), "shards": sh.count,
-                "experts": "cut" if any(sh.cut) else "copied"}}
+                "experts": "cut" if any(sh.cut) else "copied",
+                "experts_over": list(sh.experts_over) if any(sh.cut) else []}}
 
 
 def format_table(report: dict) -> str:
@@ -208,9 +209,11 @@ def format_table(report: dict) -> str:
         elif sh is not None:
             lines.append(f"each stage runs per batch shard ({sh['shards']} over "
                          f"{'+'.join(sh['axes'])}): " + (
-                             "each shard its own experts (all_to_all), a copy of the other "
-                             "weights" if sh["experts"] == "cut" else
-                             "a copy of the stage's weights each") +
+                             "a copy of the stage's weights each" if sh["experts"] != "cut"
+                             else "each shard its own experts (all_to_all), a copy of the "
+                             "other weights" if sh["experts_over"] == sh["axes"] else
+                             f"each shard of {'+'.join(sh['experts_over'])} its own experts "
+                             "(all_to_all), a copy of the other weights") +
                          "; their gradients are summed once a step")
     if "collectives" in report:
         groups = (f", {report['routing_groups']} routing groups of {report['group_size']}"

@@ -34,19 +34,23 @@ size.
 Dropout draws its masks per micro-batch (and per batch shard), so with dropout the pipelined and
 unpipelined steps are the same model with other masks, and the masks depend on the mesh.
 
-Where the layout splits the batch over mesh axes, each stage runs per batch shard: a second
-jax.vmap over the shards (``spmd_axis_name`` the batch's axes, axis name SHARDS), each shard with
-its own copy of the stage's weights, broadcast before the loop. Autodiff then sums the copies'
-gradients once, after the loop: without the copies, GSPMD keeps the loop-invariant weights'
-gradient replicated over the batch axes and all-reduces every iteration's contribution (19
-all-reduces of the stage's weights a step at 4 stages and 16 micro-batches, where one is
-needed). The experts' FFN weights, where the layout splits the experts over exactly the batch's
-axes (expert parallelism), are not copied but cut: each shard holds its own E / shards experts,
-and a Switch layer sends each expert's capacity slots to its shard by all_to_all over SHARDS
-(the layout inside says so: ``Layout.exchange``). Other weights split over batch axes (FSDP)
-are gathered once before the loop. Where an expert FFN weight is split over batch axes in
-another way (its experts over some of them, or over more, or in another order; its d_model or
-d_ff over one), the stages run unsharded, with the per-iteration all-reduce.
+Where the layout splits the batch over mesh axes, each stage runs per batch shard: jax.vmap
+over the shards (``spmd_axis_name`` the batch's axes), each shard with its own copy of the
+stage's weights, broadcast before the loop. Autodiff then sums the copies' gradients once, after
+the loop: without the copies, GSPMD keeps the loop-invariant weights' gradient replicated over
+the batch axes and all-reduces every iteration's contribution (19 all-reduces of the stage's
+weights a step at 4 stages and 16 micro-batches, where one is needed). The experts' FFN
+weights, where the layout splits the experts over batch axes (expert parallelism), are not
+copied over those axes but cut: each shard of them holds its own E / n experts, and a Switch
+layer sends each expert's capacity slots to its shard by all_to_all over the vmap axis SHARDS
+(the layout inside says so: ``Layout.exchange``). Where the experts take only some of the
+batch's axes (``dp_pp_ep``: batch over data and expert, experts over expert), those must be a
+leading or trailing run of them: two nested vmaps, the major group outermost, one over the
+experts' axes (SHARDS, cut) and one over the rest (COPIES, copied). Other weights split over
+batch axes (FSDP) are gathered once before the loop. Where an expert FFN weight is split over
+batch axes in another way (its experts over batch axes in another order or between others, or
+over a batch axis and another; its d_model or d_ff over one), the stages run unsharded, with
+the per-iteration all-reduce.
 """
 from __future__ import annotations
 
@@ -81,29 +85,52 @@ class Plan:
         return (self.stages - 1) / self.iterations
 
 
-SHARDS = "shards"       # the axis name of the per-shard vmap inside each stage
+SHARDS = "shards"       # the axis name of the per-shard vmap whose shards hold their own experts
+COPIES = "copies"       # ... and of the one whose shards hold a copy of every weight
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Batch axes one per-shard vmap runs over (its spmd_axis_name), major first."""
+    axes: tuple[str, ...]
+    count: int
+    name: str               # SHARDS: the experts are cut over these axes; COPIES: copied
 
 
 @dataclasses.dataclass(frozen=True)
 class Shards:
     axes: tuple[str, ...]   # the mesh axes the batch is split over
     count: int
-    cut: tuple[bool, ...]   # per stacked parameter: its experts cut over the shards (else copied)
+    cut: tuple[bool, ...]   # per stacked parameter: its experts cut over the SHARDS group
+    groups: tuple[Group, ...]   # the batch's axes in order, one or two groups (one vmap each)
+
+    @property
+    def experts_over(self) -> tuple[str, ...]:
+        return next((g.axes for g in self.groups if g.name == SHARDS), ())
 
 
 def shards(layout, dims: list[tuple[str, ...]], microbatch_rows: int) -> Shards | None:
     """How each stage runs per batch shard (see the module doc), for stacked parameters of
     ``dims`` and micro-batches of ``microbatch_rows``; None where it runs unsharded: no batch
-    axes, rows that do not split over them, or an expert FFN weight neither cut over exactly
-    the batch's axes nor free of them (layout.experts_cut). Axes of size 1 count as
-    unsplit."""
-    axes_of = lambda d: tuple(a for a in layout.axes(d) if layout.mesh.shape[a] > 1)  # noqa: E731
+    axes, rows that do not split over them, or an expert FFN weight split over the batch's
+    axes other than by its experts over a leading or trailing run of them
+    (layout.experts_cut). Axes of size 1 count as unsplit."""
+    size = layout.mesh.shape
+    axes_of = lambda d: tuple(a for a in layout.axes(d) if size[a] > 1)  # noqa: E731
     axes = axes_of("batch")
-    count = math.prod(layout.mesh.shape[a] for a in axes)
+    count = math.prod(size[a] for a in axes)
     if count == 1 or microbatch_rows % count:
         return None
-    cut = experts_cut(dims, axes_of)
-    return None if cut is None else Shards(axes, count, tuple(cut))
+    found = experts_cut(dims, axes_of)
+    if found is None:
+        return None
+    cut, over = found
+    n = len(over)
+    runs = ([(axes, COPIES)] if not over else [(axes, SHARDS)] if over == axes
+            else [(over, SHARDS), (axes[n:], COPIES)] if axes[:n] == over
+            else [(axes[:-n], COPIES), (over, SHARDS)])
+    groups = tuple(Group(a, math.prod(size[x] for x in a), name) for a, name in runs)
+    return Shards(axes, count, tuple(cut), groups)
 
 
 def stage_axis(layout) -> str | None:
@@ -190,16 +217,20 @@ def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
         spec[dim] = p.axis
         return jax.lax.with_sharding_constraint(a, NamedSharding(layout.mesh, P(*spec)))
 
-    def on_shards(a):           # [S, shards, ...]: each device its stage's and shard's
-        spec = (p.axis, sh.axes) + (P.UNCONSTRAINED,) * (a.ndim - 2)
+    def on_shards(a):           # [S, group, (group,) ...]: each device its stage's and shard's
+        spec = (p.axis, *(g.axes for g in sh.groups))
+        spec += (P.UNCONSTRAINED,) * (a.ndim - len(spec))
         return jax.lax.with_sharding_constraint(a, NamedSharding(layout.mesh, P(*spec)))
 
-    def per_shard(a, d, cut):   # [S, ...] -> [S, shards, ...]: a copy, or the shard's experts
-        if not cut:
-            return on_shards(jnp.broadcast_to(a[:, None], (S, sh.count) + a.shape[1:]))
-        e = d.index("experts") + 1 + (R > 1)     # 'layers' became [S, groups / (S R) (, R)]
-        a = a.reshape(a.shape[:e] + (sh.count, -1) + a.shape[e + 1:])
-        return on_shards(jnp.moveaxis(a, e, 1))
+    def per_shard(a, d, cut):   # [S, ...] -> [S, group, (group,) ...]: copies, or the experts
+        e = d.index("experts") + 1 + (R > 1) if cut else None   # 'layers' became [S, groups
+        for k, g in enumerate(sh.groups, start=1):              # / (S R) (, R)]
+            if cut and g.name == SHARDS:     # the group's shards each hold E / count experts
+                a = jnp.moveaxis(a.reshape(a.shape[:e] + (g.count, -1) + a.shape[e + 1:]), e, k)
+            else:
+                a = jnp.broadcast_to(jnp.expand_dims(a, k), a.shape[:k] + (g.count,) + a.shape[k:])
+            e = None if e is None else e + 1
+        return on_shards(a)
 
     def blocks(a):              # [groups, ...] -> [S, R, groups / (S R), ...]: block r S + s
         return jnp.swapaxes(on_stage(a.reshape((R, S, -1) + a.shape[1:]), 1), 0, 1)
@@ -242,13 +273,19 @@ def run(p: Plan, layout, body, x_BTD, rows, shared, params, keys):
             return body(x, rows, shared, params, keys, select)
 
         def shard(x, rows, shared, params):
-            k = None if keys is None else _fold(keys, jax.lax.axis_index(SHARDS))
+            index = 0                            # the shard's place in the batch, major first
+            for g in sh.groups:
+                index = index * g.count + jax.lax.axis_index(g.name)
+            k = None if keys is None else _fold(keys, index)
             with use(inner):
                 return body(x, rows, shared, params, k, select)
-        by_shard = lambda a: a.reshape((sh.count, -1) + a.shape[1:])      # [shards, rows, ...]
-        x, stats = jax.vmap(shard, axis_name=SHARDS, spmd_axis_name=sh.axes)(
-            by_shard(x), jax.tree.map(by_shard, rows), shared, params)
-        return x.reshape((-1,) + x.shape[2:]), stats
+        for g in reversed(sh.groups):            # one vmap per group, the major outermost
+            shard = jax.vmap(shard, axis_name=g.name, spmd_axis_name=g.axes)
+        counts = tuple(g.count for g in sh.groups)
+        by_shard = lambda a: a.reshape(counts + (-1,) + a.shape[1:])   # [groups.., rows, ...]
+        x, stats = shard(by_shard(x), jax.tree.map(by_shard, rows), shared, params)
+        flat = lambda a: a.reshape((sh.count,) + a.shape[len(counts):])  # noqa: E731
+        return x.reshape((-1,) + x.shape[len(counts) + 1:]), jax.tree.map(flat, stats)
 
     def iteration(carry, xs):
         (x, x_rows), delay = carry

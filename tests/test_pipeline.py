@@ -51,8 +51,8 @@ def lm():
 # encoder-decoder test); or unsharded, where an expert weight is split over the batch's axis
 # otherwise (here its d_ff: the weights' gradients are then reduced in every iteration).
 @pytest.mark.parametrize("mesh, layout, microbatches, repeats, dispatch, per_shard", [
-    ("stage:2,data:2,expert:2", "batch:data+expert,experts:data+expert,layers:stage", 4, 1,
-     "auto", True),
+    ("stage:2,data:2,expert:2", "batch:data+expert,experts:expert,layers:stage", 4, 1,
+     "auto", True),           # dp_pp_ep's: each expert shard its experts, copied over data
     ("stage:4,data:2", "batch:data,d_ff:data,layers:stage", 4, 1, "auto", False),
     ("stage:2,data:4", "batch:data,experts:data,layers:stage", 2, 2, "dropless", True),
 ])
@@ -81,6 +81,11 @@ def test_decoder_only_step_equals_unpipelined(lm, mesh, layout, microbatches, re
     iterations = pipeline.plan(setup.layout, cfg).iterations
     assert any(c.kind == "all-reduce" and set(c.axes) & batch_axes and c.count >= iterations
                for c in program.collectives) is not per_shard
+    # Experts cut over batch axes are reached by all-to-all over those axes alone.
+    experts = set(setup.layout.axes("experts"))
+    if per_shard and experts <= batch_axes:
+        assert any(c.kind == "all-to-all" and set(c.axes) == experts
+                   for c in program.collectives)
 
 
 def test_encoder_decoder_step_equals_unpipelined():
@@ -94,13 +99,22 @@ def test_encoder_decoder_step_equals_unpipelined():
 
 @pytest.mark.parametrize("mesh, layout, per_shard, line", [
     ("stage:2,data:2,expert:2", "batch:data+expert,experts:data+expert,layers:stage",
-     {"axes": ["data", "expert"], "shards": 4, "experts": "cut"}, "each shard its own experts"),
+     {"axes": ["data", "expert"], "shards": 4, "experts": "cut",
+      "experts_over": ["data", "expert"]}, "each shard its own experts"),
     ("stage:2,data:1,expert:4", "dp_pp_ep",            # axes of size 1 split nothing
-     {"axes": ["expert"], "shards": 4, "experts": "cut"}, "each shard its own experts"),
+     {"axes": ["expert"], "shards": 4, "experts": "cut", "experts_over": ["expert"]},
+     "each shard its own experts"),
+    ("stage:2,data:2,expert:2", "dp_pp_ep",            # experts over the batch's trailing axis
+     {"axes": ["data", "expert"], "shards": 4, "experts": "cut", "experts_over": ["expert"]},
+     "each shard of expert its own experts"),
+    ("stage:2,data:2,expert:2", "batch:expert+data,experts:expert,layers:stage",  # leading
+     {"axes": ["expert", "data"], "shards": 4, "experts": "cut", "experts_over": ["expert"]},
+     "each shard of expert its own experts"),
     ("stage:2,data:2,expert:2", "batch:data,experts:expert,layers:stage",
-     {"axes": ["data"], "shards": 2, "experts": "copied"}, "a copy of the stage's weights"),
-    ("stage:2,data:2,expert:2", "batch:data+expert,experts:expert,layers:stage", None,
-     "runs unsharded"),
+     {"axes": ["data"], "shards": 2, "experts": "copied", "experts_over": []},
+     "a copy of the stage's weights"),
+    ("stage:2,data:2,expert:2", "batch:data+expert,experts:expert+data,layers:stage", None,
+     "runs unsharded"),                                 # the batch's axes in another order
 ])
 def test_the_inspector_says_how_each_stage_runs_per_batch_shard(mesh, layout, per_shard, line):
     report = inspector.inspect("switch_tiny", mesh, layout,

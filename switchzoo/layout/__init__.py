@@ -285,26 +285,33 @@ def constrain(x, dims):
     return layout.constrain(x, dims)
 
 
-def experts_cut(weights_dims, axes_of) -> list[bool] | None:
+def experts_cut(weights_dims, axes_of) -> tuple[list[bool], tuple[str, ...]] | None:
     """How a pipeline stage run per batch shard (switchzoo/pipeline.py) holds weights of these
     dims, where ``axes_of(dim)`` gives the mesh axes of size > 1 a dim is split over: per
-    weight, True where its experts are cut over the shards (an expert FFN weight, experts and
-    d_ff, with its experts split over exactly the batch's axes, in order), False where each
-    shard holds a copy; None where an expert FFN weight is split over the batch's axes in any
+    weight, True where its experts are cut over the shards of some of the batch's axes (an
+    expert FFN weight, experts and d_ff, whose experts are split over batch axes only, and
+    those a leading or trailing run of the batch's, in order: the same run for every such
+    weight), False where each shard holds a copy; and the axes the experts are cut over (()
+    where none are). None where an expert FFN weight is split over the batch's axes in any
     other way (the stage then runs unsharded)."""
     batch = tuple(axes_of("batch"))
-    out = []
+    out, over_axes = [], None
     for dims in weights_dims:
         if not ("experts" in dims and "d_ff" in dims):
             out.append(False)
             continue
-        over = {d: [a for a in axes_of(d) if a in batch] for d in dims}
+        over = {d: tuple(a for a in axes_of(d) if a in batch) for d in dims}
         if any(over[d] for d in dims if d != "experts"):
             return None
-        if over["experts"] and tuple(axes_of("experts")) != batch:
-            return None
-        out.append(bool(over["experts"]))
-    return out
+        cut = over["experts"]
+        if cut:
+            n = len(cut)
+            if (cut != tuple(axes_of("experts")) or cut not in (batch[:n], batch[-n:])
+                    or over_axes not in (None, cut)):
+                return None
+            over_axes = cut
+        out.append(bool(cut))
+    return out, over_axes or ()
 
 
 def spec_axes(entry) -> tuple[str, ...]:
