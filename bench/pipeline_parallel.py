@@ -19,7 +19,11 @@ schedule has the same rows per data shard (the global batch is rows x data shard
 compares at equal work per device.
 
     python bench/pipeline_parallel.py [--layers 16] [--rows 32] [--length 64] [--out F]
-        [--schedules 1x1x1,2x2x1,...]
+        [--schedules 1x1x1,2x2x1,...] [--expert N]
+
+--expert N splits each stage's devices as data x expert (N on 'expert') under dp_pp_ep's rules,
+batch over data+expert and the experts over expert (and the unpipelined reference likewise): the
+all-reduces counted are then those over either batch axis.
 """
 import os
 
@@ -36,7 +40,8 @@ SCHEDULES = [(1, 1, 1), (2, 2, 1), (2, 8, 1), (4, 4, 1), (4, 16, 1), (8, 8, 1), 
              (2, 8, 2), (4, 16, 2)]                      # (stages, micro-batches, rounds)
 
 
-def compile_step(cfg, mesh: str, layout: str, batch: int, length: int, devices):
+def compile_step(cfg, mesh: str, layout: str, batch: int, length: int, devices,
+                 batch_axes=("data",)):
     import jax
     import numpy as np
 
@@ -50,7 +55,8 @@ def compile_step(cfg, mesh: str, layout: str, batch: int, length: int, devices):
     seconds = time.perf_counter() - start
     per_device = lambda tree, sh: inspector._bytes_per_device(tree, sh)   # noqa: E731
     program = hlo.read(compiled.as_text(), dict(setup.mesh.shape))
-    over_data = [c for c in program.collectives if c.kind == "all-reduce" and "data" in c.axes]
+    over_data = [c for c in program.collectives
+                 if c.kind == "all-reduce" and set(batch_axes) & set(c.axes)]
     return {"params_bytes_per_device": per_device(setup.abstract.params, setup.shardings.params),
             "opt_bytes_per_device": per_device(setup.abstract.opt_state,
                                                setup.shardings.opt_state),
@@ -69,6 +75,7 @@ def main():
     p.add_argument("--layers", type=int, default=16, help="decoder layers (scanned in pairs)")
     p.add_argument("--rows", type=int, default=32, help="sequences per data shard")
     p.add_argument("--length", type=int, default=64)
+    p.add_argument("--expert", type=int, default=1, help="devices of each stage on 'expert'")
     p.add_argument("--schedules", default=",".join("x".join(map(str, s)) for s in SCHEDULES),
                    help="stages x micro-batches x rounds, comma-separated")
     args = p.parse_args()
@@ -82,21 +89,23 @@ def main():
     reference = {}
     for stages, micro, rounds in (map(int, s.split("x")) for s in args.schedules.split(",")):
         data = 8 // stages
+        E = args.expert
+        flat, rules = ((f"data:{data}", "batch:data") if E == 1 else
+                       (f"data:{data // E},expert:{E}", "batch:data+expert,experts:expert"))
         if stages not in reference:      # unpipelined, the same rows per data shard
-            reference[stages] = compile_step(base, f"data:{data}", "batch:data",
-                                             args.rows * data, args.length,
-                                             jax.devices()[:data])
+            reference[stages] = compile_step(base, flat, rules, args.rows * data, args.length,
+                                             jax.devices()[:data], ("data", "expert"))
         cfg = base.replace(pipeline_microbatches=micro, pipeline_repeats=rounds)
         got = (reference[1] if stages == 1 else
-               compile_step(cfg, f"stage:{stages},data:{data}", "batch:data,layers:stage",
-                            args.rows * data, args.length, jax.devices()))
+               compile_step(cfg, f"stage:{stages},{flat}", f"{rules},layers:stage",
+                            args.rows * data, args.length, jax.devices(), ("data", "expert")))
         useful = reference[stages]["layer_flops_per_device"] / stages
         rows.append({"stages": stages, "microbatches": micro, "rounds": rounds, **got,
                      "measured_idle_fraction": round(1 - useful / got["layer_flops_per_device"],
                                                      4),
                      "schedule_bubble": round((stages - 1) / (rounds * micro + stages - 1), 4)})
         print(rows[-1], flush=True)
-    emit({"machine": machine(), "model": args.model, "layers": args.layers,
+    emit({"machine": machine(), "model": args.model, "layers": args.layers, "expert": args.expert,
           "rows_per_data_shard": args.rows, "length": args.length, "optimizer": "adafactor",
           "remat": "full", "rows": rows}, args.out)
 

@@ -270,3 +270,24 @@ def test_include_of_a_pipeline_is_checked_before_compiling():
     good = search._pipelined_include("x", search.parse_include(
         "stage:2,data:4/batch:data,layers:stage", ("stage", "data"), 8), model)
     assert (good.stages, good.microbatches) == (2, 8) and math.isclose(good.bubble, 9 / 8)
+
+
+def test_estimate_reduces_a_stages_gradients_once_where_it_runs_per_batch_shard():
+    """dp_pp_ep's rules with data > 1 (batch over data+expert, experts over the trailing
+    expert axis) run each stage per batch shard: the all-reduce of the stacked weights'
+    gradients once a step. With the experts over the batch's axes in another order the stages
+    run unsharded and it is charged in every iteration (I = M + 1 = 9 at 2 stages)."""
+    h100 = hardware.get("h100")
+    model = _model()
+    mesh = (("stage", 2), ("data", 2), ("expert", 2))
+    # the weights split over neither batch axis: the stage's half of the stacked ones, all of
+    # the others, float32
+    stacked = sum(2 * w.elements for w in model.weights
+                  if "layers" in w.dims and "experts" not in w.dims)
+    other = sum(4 * w.elements for w in model.weights if "layers" not in w.dims)
+    for experts, times in ((("expert",), 1), (("expert", "data"), 9)):
+        pp = _pipe(model, mesh, batch=("data", "expert"), experts=experts)
+        assert pp.iterations == 9
+        by = {(c.kind, c.axes): c for c in model.collectives(pp, h100)}
+        ar = by[("all-reduce", ("data", "expert"))]
+        assert ar.bytes * ar.count == pytest.approx(times * stacked + other, rel=1e-9)
