@@ -109,7 +109,8 @@ def at_best_claims(result: dict, best: dict) -> dict:
     rate.update({m: rate["switch_8"] for m in RUNGS})
     names = {(m if s == 0 else f"{m}_s{s}"): name(m, rate[m], seed=s)
              for m in (*MODELS, *RUNGS) for s in SEEDS}
-    mapped = {k: result["runs"][v] for k, v in names.items() if v in result["runs"]}
+    mapped = {k: result["runs"][v] for k, v in names.items()
+              if v in result["runs"] and result["runs"][v]["finished"]}
     return {"runs": {k: names[k] for k in mapped},
             **lm_claims.claims({**result, "runs": mapped})}
 

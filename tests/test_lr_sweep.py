@@ -88,7 +88,8 @@ def test_the_headline_questions_at_each_models_best_rate():
         "switch_8_lr0.02": run("switch_lm_cpu_8", [4.5, 3.9], rate=0.02, fraction=0.6),
         "switch_8_lr0.02_s1": run("switch_lm_cpu_8", [4.6, 3.95], 1, 0.02, fraction=0.7),
         "switch_16_lr0.02": run("switch_lm_cpu_16", [4.4, 3.8], rate=0.02),
-        "switch_8_lr0.04": run("switch_lm_cpu_8", [9.0, 9.0])}}     # not at its best rate
+        "switch_8_lr0.04": run("switch_lm_cpu_8", [9.0, 9.0]),      # not at its best rate
+        "switch_32_lr0.02": {**run("switch_lm_cpu_32", [4.4, 3.7]), "finished": False}}}
     best = {"dense": {"rate": 0.04}, "switch_8": {"rate": 0.02}}
     claims = lr_sweep.at_best_claims(result, best)
     assert claims["runs"] == {"dense": "dense_lr0.04", "dense_s1": "dense_lr0.04_s1",
