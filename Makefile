@@ -27,7 +27,7 @@ demo: $(VENV)/.installed      ## trains a small Switch translator on CPU, then B
 	$(PY) eval.py --workdir=workdirs/demo
 
 test: $(VENV)/.installed-test ## the test suite, on 8 simulated CPU devices
-	$(DEVICES) $(PY) -m pytest -q -n 2 --dist worksteal --durations=10 tests
+	$(DEVICES) $(PY) -m pytest -q -n 3 --dist worksteal --durations=10 tests
 
 # The committed figures in docs/figures change only when asked: make figures FIGURES=docs/figures
 FIGURES ?= out/figures
