@@ -73,8 +73,9 @@ def at_best(best: dict) -> list[Run]:
 
 
 def names(rates) -> set[str]:
-    """Every run --runs may name: the grid's, and the constant-schedule run at every rate (which
-    of those trains follows the report's best rates)."""
+    """Every run --runs may name: the grid's, and at every rate the constant-schedule run and
+    the seed and expert-count runs of at_best (which of those trains follows the report's best
+    rates)."""
     return ({name(m, r, const) for m in MODELS for r in rates for const in (False, True)}
             | {name(m, r, seed=s) for m in (*MODELS, *RUNGS) for r in rates for s in SEEDS})
 
