@@ -6,8 +6,9 @@ No compile here (seconds on one CPU): each file's run is rebuilt from what its J
 (model, devices, global batch, input length, dtype, remat, optimizer; configs/c4.py for an
 encoder-decoder, configs/lm1b.py for a decoder-only model, as the search's default task), each
 row's mesh and layout parsed as an --include, a pipelined row with its own micro-batches and
-rounds. A file whose rebuilt run gives other token lengths than its JSON records is skipped and
-said so. The compiled peaks are those of the commit that compiled them (the JSON's rows carry
+rounds. What the JSON does not record is assumed to be the default (--grad-accum, --group-size,
+a --config variant, scanned layers); a file whose rebuilt run gives other token lengths than its
+JSON records, or a row that does not parse, is skipped and said so. The compiled peaks are those of the commit that compiled them (the JSON's rows carry
 no commit: a program changed since, e.g. a pipeline's, is read as it was); XLA:CPU's, which
 holds float32 where a TPU or GPU keeps bfloat16 in places.
 
@@ -36,14 +37,12 @@ def rows_of(path: pathlib.Path) -> tuple[list[dict], str | None]:
     if not rows:
         return [], "no compiled rows"
     task = "configs/c4.py" if zoo.get(result["model"]).is_encoder_decoder else "configs/lm1b.py"
-    axes = "stage,data,model,expert" if any("stage" in r["mesh"] for r in rows) else \
-        "data,model,expert"
     n = result["devices"]
     args = command.parser().parse_args([
         "--model", result["model"], "--devices", str(n), "--hardware", result["hardware"],
         "--config", task, "--batch", str(result["batch"]), "--length", str(result["lengths"][0]),
         "--dtype", result["dtype"], "--remat", result["remat"], "--optimizer",
-        result["optimizer"], "--axes", axes])
+        result["optimizer"], "--axes", "stage,data,model,expert"])
     config = command.config_from_args(args)
     cfg = search.run_model(config)
     optimizer = state_lib.run_optimizer(config)
@@ -55,12 +54,16 @@ def rows_of(path: pathlib.Path) -> tuple[list[dict], str | None]:
             return [], f"rebuilt lengths {model.lengths}, recorded {result['lengths']}"
         text = f"{r['mesh']}/{r['layout']}"
         mesh_axes = tuple(x.split(":")[0] for x in r["mesh"].split(","))
-        c = search._pipelined_include(text, search.parse_include(text, mesh_axes, n), model)
+        try:
+            c = search._pipelined_include(text, search.parse_include(text, mesh_axes, n), model)
+        except ValueError as e:
+            return out, f"{text}: {e}"
         estimate = model.state_bytes(c) + model.activation_bytes(c)
         out.append({"file": path.name, "model": result["model"], "devices": n,
                     "hardware": result["hardware"], "batch": result["batch"],
                     "lengths": result["lengths"], "mesh": r["mesh"], "layout": r["layout"],
                     "stages": r.get("stages", 1), "microbatches": r.get("microbatches", 0),
+                    "repeats": r.get("repeats", 1),
                     "compiled_peak_bytes": r["peak_bytes"],
                     "recorded_estimate_bytes": r.get("estimated_peak_bytes"),
                     "estimate_bytes": estimate,
@@ -81,7 +84,7 @@ def main():
             skipped[pathlib.Path(path).name] = why
     # a row compiled twice (a file that repeats another's candidates) counts once
     unique = {(r["model"], r["devices"], r["batch"], tuple(r["lengths"]), r["mesh"], r["layout"],
-               r["microbatches"]): r for r in rows}
+               r["microbatches"], r["repeats"]): r for r in rows}
     ratios = [r["compiled_over_estimate"] for r in unique.values()]
     by_stages = {}
     for r in unique.values():
@@ -92,10 +95,11 @@ def main():
         return {"rows": len(xs), "min": min(xs), "median": statistics.median(xs), "max": max(xs),
                 "geometric_mean": round(math.exp(statistics.fmean(map(math.log, xs))), 3)}
     # rows compiled with today's estimate: the rebuild gives the estimate they recorded
-    same = [r for r in rows if r["recorded_estimate_bytes"] is not None
+    same = [r for r in unique.values() if r["recorded_estimate_bytes"] is not None
             and abs(r["estimate_bytes"] - r["recorded_estimate_bytes"]) < 1]
     result = {"machine": machine(), "rows": rows, "skipped": skipped,
-              "rows_whose_recorded_estimate_is_todays": len(same),
+              "distinct_rows": len(unique),
+              "distinct_rows_whose_recorded_estimate_is_todays": len(same),
               "compiled_over_estimate": summary(ratios) if ratios else None,
               "by_kind": {k: summary(v) for k, v in sorted(by_stages.items())}}
     for r in rows:

@@ -1,5 +1,6 @@
 """Each model at its own best learning rate: dense and Switch-8 on a log grid of rates, and
-T5's literal schedule shape, at the LM study's budget (issue 35, step 1).
+T5's literal schedule shape, at the LM study's budget (issue 35, step 1); then the LM study's
+headline questions at each model's best rate (``at_best``).
 
     python experiments/lr_sweep.py --out runs/lr_sweep --corpus runs/corpus [--runs NAMES]
     python experiments/lr_sweep.py --out runs/lr_sweep --corpus runs/corpus --report [--publish]
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import harness  # noqa: E402
 import lm_claims  # noqa: E402
+import verdicts  # noqa: E402
 from harness import Run  # noqa: E402
 
 MODELS = {"dense": "dense_lm_cpu", "switch_8": "switch_lm_cpu_8"}
@@ -43,7 +45,8 @@ def name(model: str, rate: float, const: bool = False, seed: int = 0) -> str:
 
 
 def runs(rates, steps: int, best: dict | None = None) -> list[Run]:
-    """The grid, then (once ``best`` {model: rate} is known) the constant-schedule runs."""
+    """The grid, then (once ``best`` {model: rate} is known) the constant-schedule runs and
+    at_best's."""
     out = [Run(name(m, r), model, (f"--config.learning_rate={r:g}",),
                baseline=None if m == "dense" else name("dense", r))
            for r in rates for m, model in MODELS.items()]
@@ -108,12 +111,19 @@ def at_best_claims(result: dict, best: dict) -> dict:
     run names, each mapped onto this sweep's run (``runs`` in the answer says which)."""
     rate = {m: best[m]["rate"] for m in MODELS}
     rate.update({m: rate["switch_8"] for m in RUNGS})
-    names = {(m if s == 0 else f"{m}_s{s}"): name(m, rate[m], seed=s)
-             for m in (*MODELS, *RUNGS) for s in SEEDS}
-    mapped = {k: result["runs"][v] for k, v in names.items()
-              if v in result["runs"] and result["runs"][v]["finished"]}
-    return {"runs": {k: names[k] for k in mapped},
-            **lm_claims.claims({**result, "runs": mapped})}
+    key = lambda m, s: m if s == 0 else f"{m}_s{s}"   # noqa: E731  (lm_claims' run names)
+    names, mapped = {}, {}
+    for m in (*MODELS, *RUNGS):
+        for s in SEEDS:
+            run = result["runs"].get(name(m, rate[m], seed=s))
+            if run and run["finished"]:
+                names[key(m, s)] = name(m, rate[m], seed=s)
+                # each against dense at dense's best rate and its own seed (a grid run's
+                # recorded baseline is dense at the Switch run's rate)
+                mapped[key(m, s)] = {**run, "baseline": key("dense", s),
+                                     "fraction_of_baseline_steps": None}
+    verdicts.against_baselines(mapped)
+    return {"runs": names, **lm_claims.claims({**result, "runs": mapped})}
 
 
 def main(argv=None) -> int:
@@ -129,7 +139,8 @@ def main(argv=None) -> int:
                    "(default: the first grid run trains one; give it when several processes "
                    "share the sweep, e.g. lm_claims' runs/lm/dense/tokenizer.model)")
     p.add_argument("--runs", nargs="+", help="train only these (default: every unfinished "
-                   "grid run, then the constant-schedule runs at the best rates)")
+                   "grid run, then at the best rates the constant-schedule runs and the "
+                   "seed-1 pair and 16/32-expert rungs on two seeds: six runs more)")
     p.add_argument("--report", action="store_true", help="only collect what has run")
     harness.publish_argument(p)
     args = p.parse_args(argv)
@@ -153,8 +164,9 @@ def main(argv=None) -> int:
     grid = study()
     unknown = sorted(set(args.runs or ()) - names(rates))
     if unknown:
-        print(f"error: --runs {unknown}: not runs of this sweep (names: MODEL_lrRATE or "
-              "MODEL_lrRATE_const, MODEL dense or switch_8, RATE one of --rates)",
+        print(f"error: --runs {unknown}: not runs of this sweep (names: MODEL_lrRATE, "
+              "MODEL_lrRATE_const or MODEL_lrRATE_s1, MODEL dense or switch_8, or switch_16 / "
+              "switch_32 without _const; RATE one of --rates)",
               file=sys.stderr)
         return 2
     wanted = lambda names: [n for n in names if not args.runs or n in args.runs]  # noqa: E731

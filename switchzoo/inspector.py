@@ -162,8 +162,9 @@ def inspect(model: str, mesh: str, layout: str, optimizer: str = "adamw",
 
 def _pipeline(lay, cfg, stacked_dims: list, batch: int) -> dict | None:
     """The pipeline schedule the layout and model ask for (None: no stage axis), and how each
-    stage runs per batch shard (``per_shard``: the batch's axes and whether the experts are
-    cut over them or copied; None where the stages run unsharded)."""
+    stage runs per batch shard (``per_shard``: the batch's axes, whether the experts are cut
+    or copied, and the axes they are cut over (``experts_over``); None where the stages run
+    unsharded)."""
     p = pipeline.plan(lay, cfg)
     if p is None:
         return None
@@ -203,15 +204,16 @@ def format_table(report: dict) -> str:
         sh = p.get("per_shard")
         if sh is None and p.get("batch_shards", 1) > 1:
             lines.append("each stage runs unsharded (an expert weight is split over the batch's "
-                         "axes other than exactly as the batch, or the micro-batch rows do not "
-                         "split over them): its weights' gradients are all-reduced every "
-                         "iteration")
+                         "axes other than by its experts over a leading or trailing run of "
+                         "them, or the micro-batch rows do not split over them): its weights' "
+                         "gradients are all-reduced every iteration")
         elif sh is not None:
             lines.append(f"each stage runs per batch shard ({sh['shards']} over "
                          f"{'+'.join(sh['axes'])}): " + (
                              "a copy of the stage's weights each" if sh["experts"] != "cut"
                              else "each shard its own experts (all_to_all), a copy of the "
-                             "other weights" if sh["experts_over"] == sh["axes"] else
+                             "other weights" if sh.get("experts_over", sh["axes"]) == sh["axes"]
+                             else
                              f"each shard of {'+'.join(sh['experts_over'])} its own experts "
                              "(all_to_all), a copy of the other weights") +
                          "; their gradients are summed once a step")

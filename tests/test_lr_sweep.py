@@ -85,8 +85,9 @@ def test_the_headline_questions_at_each_models_best_rate():
     result = {"runs": {
         "dense_lr0.04": run("dense_lm_cpu", [5.0, 4.0]),
         "dense_lr0.04_s1": run("dense_lm_cpu", [5.0, 4.1], seed=1),
-        "switch_8_lr0.02": run("switch_lm_cpu_8", [4.5, 3.9], rate=0.02, fraction=0.6),
-        "switch_8_lr0.02_s1": run("switch_lm_cpu_8", [4.6, 3.95], 1, 0.02, fraction=0.7),
+        # recorded against dense at 0.02 (the grid's baseline): read again against dense at 0.04
+        "switch_8_lr0.02": run("switch_lm_cpu_8", [4.5, 3.9], rate=0.02, fraction=0.1),
+        "switch_8_lr0.02_s1": run("switch_lm_cpu_8", [4.6, 3.95], 1, 0.02, fraction=0.1),
         "switch_16_lr0.02": run("switch_lm_cpu_16", [4.4, 3.8], rate=0.02),
         "switch_8_lr0.04": run("switch_lm_cpu_8", [9.0, 9.0]),      # not at its best rate
         "switch_32_lr0.02": {**run("switch_lm_cpu_32", [4.4, 3.7]), "finished": False}}}
@@ -96,7 +97,8 @@ def test_the_headline_questions_at_each_models_best_rate():
                               "switch_8": "switch_8_lr0.02", "switch_8_s1": "switch_8_lr0.02_s1",
                               "switch_16": "switch_16_lr0.02"}
     speedup = claims["switch_8_speedup"]
-    assert speedup["fraction_of_dense_steps"] == [0.6, 0.7] and not speedup["holds"]
+    # dense's 4.0 reached at 200 + 0.5 / 0.6 x 200 (0.917 of 400); seed 1's 4.1 at 0.885
+    assert speedup["fraction_of_dense_steps"] == [0.917, 0.885] and not speedup["holds"]
     noise = claims["switch_8_beyond_noise"]              # gaps 0.1 and 0.15, paired by seed
     assert noise["gaps"] == [0.1, 0.15] and noise["noise_from"] == "paired" and noise["holds"]
     assert "more_experts_help" in claims and claims["more_experts_help"]["holds"]

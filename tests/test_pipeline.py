@@ -17,8 +17,6 @@ from switchzoo.layout import hlo
 
 from test_mesh_equivalence import BATCH, TX, assert_close, one_step
 
-PP = "batch:data,experts:expert,layers:stage"
-
 
 def model(name: str, layers: int, **kw):
     """``name`` with ``layers`` per stack (two scanned (dense, Switch) groups per 4 layers),
@@ -91,7 +89,9 @@ def test_decoder_only_step_equals_unpipelined(lm, mesh, layout, microbatches, re
 def test_encoder_decoder_step_equals_unpipelined():
     cfg = model("switch_base_tiny", 4, remat="full")
     reference = one_step(L.make_mesh("data:1", devices=jax.devices()[:1]), "data_parallel", cfg)
-    got = one_step(L.make_mesh("stage:2,data:2,expert:2"), PP,
+    # the experts cut over the batch's leading axis (expert), copied over data: two vmaps
+    got = one_step(L.make_mesh("stage:2,data:2,expert:2"),
+                   "batch:expert+data,experts:expert,layers:stage",
                    cfg.replace(pipeline_microbatches=2), init=True)     # drawn on the stages
     assert_close(got[0], reference[0], "metrics")
     assert_close(got[1], reference[1], "gradient")
