@@ -46,10 +46,12 @@ def rows_of(path: pathlib.Path) -> tuple[list[dict], str | None]:
     config = command.config_from_args(args)
     cfg = search.run_model(config)
     optimizer = state_lib.run_optimizer(config)
-    out = []
+    out, models = [], {}
     for r in rows:
-        model = analytic_model(config, cfg, optimizer, n, r.get("microbatches") or None,
-                               r.get("repeats", 1))
+        pipe = (r.get("microbatches") or None, r.get("repeats", 1))
+        if pipe not in models:           # the estimate's model of the run, per schedule
+            models[pipe] = analytic_model(config, cfg, optimizer, n, *pipe)
+        model = models[pipe]
         if list(model.lengths) != list(result["lengths"]):
             return [], f"rebuilt lengths {model.lengths}, recorded {result['lengths']}"
         text = f"{r['mesh']}/{r['layout']}"

@@ -40,8 +40,7 @@ SCHEDULES = [(1, 1, 1), (2, 2, 1), (2, 8, 1), (4, 4, 1), (4, 16, 1), (8, 8, 1), 
              (2, 8, 2), (4, 16, 2)]                      # (stages, micro-batches, rounds)
 
 
-def compile_step(cfg, mesh: str, layout: str, batch: int, length: int, devices,
-                 batch_axes=("data",)):
+def compile_step(cfg, mesh: str, layout: str, batch: int, length: int, devices):
     import jax
     import numpy as np
 
@@ -55,8 +54,8 @@ def compile_step(cfg, mesh: str, layout: str, batch: int, length: int, devices,
     seconds = time.perf_counter() - start
     per_device = lambda tree, sh: inspector._bytes_per_device(tree, sh)   # noqa: E731
     program = hlo.read(compiled.as_text(), dict(setup.mesh.shape))
-    over_data = [c for c in program.collectives
-                 if c.kind == "all-reduce" and set(batch_axes) & set(c.axes)]
+    over_data = [c for c in program.collectives     # over the batch's axes (data, expert)
+                 if c.kind == "all-reduce" and {"data", "expert"} & set(c.axes)]
     return {"params_bytes_per_device": per_device(setup.abstract.params, setup.shardings.params),
             "opt_bytes_per_device": per_device(setup.abstract.opt_state,
                                                setup.shardings.opt_state),
@@ -79,6 +78,11 @@ def main():
     p.add_argument("--schedules", default=",".join("x".join(map(str, s)) for s in SCHEDULES),
                    help="stages x micro-batches x rounds, comma-separated")
     args = p.parse_args()
+    schedules = [tuple(map(int, s.split("x"))) for s in args.schedules.split(",")]
+    bad = [s for s in schedules if args.expert < 1 or (8 // s[0]) % args.expert]
+    if bad:
+        p.error(f"--expert {args.expert} does not divide the {8 // bad[0][0]} devices of a "
+                f"stage at {bad[0][0]} stages; give a divisor of 8 / the largest stage count")
     import jax
 
     from switchzoo import zoo
@@ -87,18 +91,18 @@ def main():
                         moe=dataclasses.replace(base.moe, jitter=0.0))
     rows = []
     reference = {}
-    for stages, micro, rounds in (map(int, s.split("x")) for s in args.schedules.split(",")):
+    for stages, micro, rounds in schedules:
         data = 8 // stages
         E = args.expert
         flat, rules = ((f"data:{data}", "batch:data") if E == 1 else
                        (f"data:{data // E},expert:{E}", "batch:data+expert,experts:expert"))
         if stages not in reference:      # unpipelined, the same rows per data shard
             reference[stages] = compile_step(base, flat, rules, args.rows * data, args.length,
-                                             jax.devices()[:data], ("data", "expert"))
+                                             jax.devices()[:data])
         cfg = base.replace(pipeline_microbatches=micro, pipeline_repeats=rounds)
         got = (reference[1] if stages == 1 else
                compile_step(cfg, f"stage:{stages},{flat}", f"{rules},layers:stage",
-                            args.rows * data, args.length, jax.devices(), ("data", "expert")))
+                            args.rows * data, args.length, jax.devices()))
         useful = reference[stages]["layer_flops_per_device"] / stages
         rows.append({"stages": stages, "microbatches": micro, "rounds": rounds, **got,
                      "measured_idle_fraction": round(1 - useful / got["layer_flops_per_device"],

@@ -208,15 +208,13 @@ def format_table(report: dict) -> str:
                          "them, or the micro-batch rows do not split over them): its weights' "
                          "gradients are all-reduced every iteration")
         elif sh is not None:
+            over = sh.get("experts_over", sh["axes"])
+            holds = ("a copy of the stage's weights each" if sh["experts"] != "cut" else
+                     ("each shard" if over == sh["axes"] else f"each shard of {'+'.join(over)}")
+                     + " its own experts (all_to_all), a copy of the other weights")
             lines.append(f"each stage runs per batch shard ({sh['shards']} over "
-                         f"{'+'.join(sh['axes'])}): " + (
-                             "a copy of the stage's weights each" if sh["experts"] != "cut"
-                             else "each shard its own experts (all_to_all), a copy of the "
-                             "other weights" if sh.get("experts_over", sh["axes"]) == sh["axes"]
-                             else
-                             f"each shard of {'+'.join(sh['experts_over'])} its own experts "
-                             "(all_to_all), a copy of the other weights") +
-                         "; their gradients are summed once a step")
+                         f"{'+'.join(sh['axes'])}): {holds}; their gradients are summed once "
+                         "a step")
     if "collectives" in report:
         groups = (f", {report['routing_groups']} routing groups of {report['group_size']}"
                   if "routing_groups" in report else "")
