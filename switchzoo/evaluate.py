@@ -153,7 +153,7 @@ def run(config, workdir, checkpoint: str = "", print_fn=print, output: str = "")
                "model": config.init_from or config.model,
                **evaluate_loss(eval_fn, params, ds, layout, share)}
     results["bleu"] = None
-    if config.task == "translation":
+    if config.task == "translation" and config.eval.max_examples:    # 0: perplexity only
         model = api.Model(setup.cfg, setup.graphdef, params, layout)
         hyps = translate(model, ds, [s for s, _ in ds.eval_examples[:config.eval.max_examples]],
                          config, share)

@@ -73,7 +73,7 @@ RANGES = {
     "eval.num_beams": at_least(1, " (1: greedy)"),
     "eval.length_penalty": at_least(0),
     "eval.max_decode_length": at_least(1),
-    "eval.max_examples": at_least(1),
+    "eval.max_examples": at_least(0, " (0: no translations, perplexity only)"),
     "moe.top_k": at_least(1),
     "moe.train_capacity_factor": POSITIVE,
     "moe.eval_capacity_factor": POSITIVE,

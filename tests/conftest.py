@@ -57,6 +57,12 @@ os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 # short, memory-heavy processes of the multi-process and kill/resume tests: ~25 s of the suite
 # here). tests/test_huge_pages.py tests the re-run itself with the variable removed.
 os.environ.setdefault("SWITCHZOO_HUGE_PAGES", "0")
+# Bytecode kept (beside the sources, in the __pycache__ folders git ignores) where the machine
+# says otherwise (PYTHONDONTWRITEBYTECODE=1 here): each of the ~60 processes the tests start
+# would compile switchzoo's sources again (~0.15 s of CPU each), and each xdist worker its test
+# modules after pytest rewrites their asserts (~1.3 s). The sources decide; nothing else changes.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 import gc  # noqa: E402
 

@@ -319,7 +319,7 @@ def test_eval_overrides_of_a_saved_config(run, tmp_path):
     for overrides, message in [
             ({"num_train_steps": "9"}, r"--config.num_train_steps cannot change when evaluating"),
             ({"data.max_eval_examples": "many"}, r"max_eval_examples='many' is not a valid int"),
-            ({"eval.max_examples": "0"}, r"eval.max_examples=0 is out of range")]:
+            ({"eval.max_examples": "-1"}, r"eval.max_examples=-1 is out of range")]:
         with pytest.raises(ERRORS, match=message):
             evaluate.run(evaluate.load_config(copy, overrides), copy, print_fn=lambda *_: None)
     assert snapshot(copy) == before

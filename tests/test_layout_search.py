@@ -203,14 +203,14 @@ PROFILE = dataclasses.replace(hardware.get("tpu_v3"), devices_per_host=2)
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """A small model's search on the test's 8 devices (the issue's one-minute case), with an
-    expert-parallel layout compiled beside the search's two."""
+    expert-parallel layout compiled beside the search's best."""
     import os
     before = os.environ.get("SWITCHZOO_CACHE")
     os.environ["SWITCHZOO_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     config = command.config_from_args(command.parser().parse_args(SMALL))
     lines = []
     try:
-        result = search.search(config, PROFILE, 16 * 2 ** 30, top=2, print_fn=lines.append,
+        result = search.search(config, PROFILE, 16 * 2 ** 30, top=1, print_fn=lines.append,
                                include=[EXPERTS])
         yield config, result, "\n".join(lines)
     finally:
@@ -229,7 +229,7 @@ def _model(args):
 
 def test_small_search_table_and_winner(small):
     _, result, text = small
-    assert result["compiled"] == 3 and result["winner"] is not None
+    assert result["compiled"] == 2 and result["winner"] is not None
     assert sum(r["included"] for r in result["rows"]) == 1
     assert "pruned (axis used twice in one tensor)" in text and "winner: --config.mesh=" in text
 
