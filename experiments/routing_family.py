@@ -49,6 +49,14 @@ else a dense run trained here to --steps/2 (in the seconds of the first continue
 routing_family_lm.json and figures/routing_family_lm.png (in --out; docs/ with --publish). The
 upcycled LM is written as a switchzoo checkpoint (the Hugging Face format holds no decoder-only
 model), which init_from reads as it reads a run.
+
+Another seed: every run of the study at --seed N, in its own --out and --json, reading the
+first study's vocabulary (--vocab); --with the other seeds' results makes each verdict like for
+like over every seed (e.g. the upcycling pair on seed 1, ~45 min on one core):
+
+    python experiments/routing_family.py --regime lm --corpus runs/corpus --out runs/rf_lm_s1 \
+        --seed 1 --vocab runs/lm/dense/tokenizer.model --runs dense_cont upcycled \
+        --json runs/rf_lm_s1/routing_family_lm_s1.json --with docs/routing_family_lm.json
 """
 from __future__ import annotations
 
@@ -59,6 +67,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+from typing import Sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
@@ -157,9 +166,11 @@ def study(args, docs: pathlib.Path | None) -> harness.Study:
     runs = [dataclasses.replace(r, steps=args.steps // 2, flags=(
                 *r.flags, f"--config.warmup_steps={args.continue_warmup}"))
             if r.starts_from in CONTINUED else r for r in REGIMES[args.regime]["runs"]]
+    runs = [dataclasses.replace(r, seed=args.seed) for r in runs]     # every run, one seed
     if args.regime == "lm":
         return dataclasses.replace(
-            lm_claims.study(argparse.Namespace(**vars(args), name=args.name)), runs=runs,
+            lm_claims.study(args), runs=runs,
+            vocab=args.vocab.resolve() if args.vocab else None,
             title="The routing family and model surgery, decoder-only LM on English prose")
     return svd.span_study(args, args.name, runs, docs,
                           title="The routing family and model surgery, span corruption")
@@ -170,6 +181,7 @@ def link_reused(study: harness.Study, args) -> None:
     study's recipe, its curve standing for the run's."""
     corpus = args.corpus.resolve()
     for name, source in REUSED.items():
+        source += f"_s{args.seed}" if args.seed else ""          # lm_claims' names its seeds so
         run, link, there = study.get(name), args.out / name, (args.reuse / source).resolve()
         if link.exists() or link.is_symlink():
             continue
@@ -188,15 +200,27 @@ def link_reused(study: harness.Study, args) -> None:
         link.symlink_to(there, target_is_directory=True)
 
 
-def findings(result: dict) -> dict:
+def with_seeds(result: dict, others: list[dict]) -> dict:
+    """``result`` with the runs of the same study on other seeds (their results, --with) added
+    as NAME_sSEED: the verdicts then compare like for like over every seed that ran."""
+    runs = dict(result["runs"])
+    for other in others:
+        for name, r in other["runs"].items():
+            runs.setdefault(f"{name}_s{r.get('seed', 0)}", r)
+    return {**result, "runs": runs}
+
+
+def findings(result: dict, others: Sequence[dict] = ()) -> dict:
     """What the runs say, from the result: dense's loss at half its steps; each router and
     balancing against top1 (loss difference, and its verdict under the one noise rule:
-    verdicts.compare, which has no estimate where every run is one seed); top-2's and top-1's
-    dropped fraction of their picks in training (the same slots); upcycled minus dense_cont at
-    every evaluation and when it reaches dense_cont's final loss; distillation's gains and the
-    share of the teacher's it keeps."""
+    verdicts.compare, over this result's seed and those of ``others``, the same study's
+    results on other seeds; with one seed it has no estimate); top-2's and top-1's dropped
+    fraction of their picks in training (the same slots); upcycled minus dense_cont at every
+    evaluation and when it reaches dense_cont's final loss; distillation's gains and the share
+    of the teacher's it keeps."""
     runs, f = result["runs"], {}
-    ref = verdicts.reference(result)
+    seeded = with_seeds(result, list(others))
+    ref = verdicts.reference(seeded)
     if "dense" in runs:
         dense = runs["dense"]
         f["dense_loss_at_half"] = next((l for s, l in zip(dense["steps"], dense["eval_loss"])
@@ -204,7 +228,7 @@ def findings(result: dict) -> dict:
     for name in ("top2", "ec", "ec_cf2", "bias"):
         if name in runs and "top1" in runs:
             f[f"{name}_minus_top1"] = runs[name]["eval_loss_minus_baseline"]
-            f[f"{name}_vs_top1"] = verdicts.compare(result, name, "top1", ref)["verdict"]
+            f[f"{name}_vs_top1"] = verdicts.compare(seeded, name, "top1", ref)["verdict"]
     if "top2" in runs:
         f["dropped_fraction_train"] = {n: verdicts.dropped(runs[n]) for n in ("top1", "top2")
                                        if n in runs}
@@ -214,8 +238,11 @@ def findings(result: dict) -> dict:
             f[f"{name}_minus_dense_cont"] = [round(a - b, 4) for a, b in
                                              zip(up["eval_loss"], cont["eval_loss"])]
             f[f"{name}_steps_to_dense_cont_final"] = up["steps_to_baseline_final_loss"]
-            f[f"{name}_vs_dense_cont"] = verdicts.compare(result, name, "dense_cont",
+            f[f"{name}_vs_dense_cont"] = verdicts.compare(seeded, name, "dense_cont",
                                                           ref)["verdict"]
+            if others:
+                f[f"{name}_vs_dense_cont_seeds"] = verdicts.compare(seeded, name,
+                                                                    "dense_cont", ref)
     if all(n in runs for n in ("dense", "top1", "student")):
         gain = -runs["top1"]["eval_loss_minus_baseline"]
         f["teacher_gain"] = round(gain, 4)
@@ -279,8 +306,14 @@ def arguments(argv) -> argparse.Namespace:
         p.add_argument("--reuse", type=pathlib.Path, help="lm_claims.py's --out: its finished "
                        "dense and switch_8 runs stand for dense and top1")
         p.add_argument("--warmup", type=int, default=250)
+        p.add_argument("--vocab", type=pathlib.Path, help="a tokenizer.model every run reads "
+                       "(default: the first run trains one), e.g. the seed-0 study's")
         p.add_argument("--eval-examples", type=int)
     p.set_defaults(eval_examples=regime["eval_examples"])
+    p.add_argument("--seed", type=int, default=0, help="every run's seed (give each seed "
+                   "its own --out and --json; --with reads the others' results)")
+    p.add_argument("--with", dest="others", type=pathlib.Path, nargs="+", default=[],
+                   help="the same study's results on other seeds (their JSON), for the verdicts")
     p.add_argument("--continue-warmup", type=int, default=100,
                    help="warm-up of the runs continued from the dense checkpoint")
     p.add_argument("--report", action="store_true", help="only collect what has run")
@@ -315,7 +348,8 @@ def main(argv=None) -> int:
         harness.evaluate(dataclasses.replace(s, runs=[r for r in s.runs if r.name not in reused]),
                          args.out)
     if lm:
-        corpus = lm_claims.corpus_about(args.corpus, args.out / "dense" / "tokenizer.model")
+        corpus = lm_claims.corpus_about(args.corpus, s.vocab or args.out / "dense" /
+                                        "tokenizer.model")
     result = harness.collect(s, args.out, line, corpus=corpus)
     for name, workdir in reused.items():     # read there; seconds, commit: its study's record
         record = harness._seconds(workdir.parent)
@@ -324,7 +358,14 @@ def main(argv=None) -> int:
                                         commit=record.get("commits", {}).get(workdir.name))
         result.setdefault("reused", {})[name] = str(
             workdir.relative_to(ROOT) if workdir.is_relative_to(ROOT) else workdir)
-    result["findings"] = findings(result)
+    others = [json.loads(p.read_text()) for p in args.others]
+    for p, other in zip(args.others, others):      # the same recipe, on another seed
+        differ = [k for k in ("config", "flags", "steps", "eval_every")
+                  if other.get(k) != result.get(k)]
+        if differ:
+            sys.exit(f"error: --with {p}: its {', '.join(differ)} differ from this study's; "
+                     "give the result of the same command on another --seed")
+    result["findings"] = findings(result, others)
     harness.write(result, args.out, plot, publish=args.publish, path=args.json,
                   figure=args.figure)
     print(markdown(result))

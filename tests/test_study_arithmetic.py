@@ -179,6 +179,39 @@ def test_routing_family_findings_from_hand_worked_curves():
     assert f["student_share_of_teacher_gain"] == pytest.approx(0.5)
 
 
+def test_routing_family_judges_the_upcycling_pair_over_the_seeds_of_other_results():
+    """--seed 1 --with the seed-0 result: the pair is judged like for like over both seeds
+    (upcycled 0.1 and 0.05 below dense_cont: margin 0.075, noise 0.05, within 2x), each result's own
+    runs left as they are."""
+    def result(seed, cont, up):
+        runs = {"dense_cont": summary([50, 100], cont, seed=seed, model="t5_cpu"),
+                "upcycled": summary([50, 100], up, seed=seed, model="switch_cpu_8",
+                                    baseline="dense_cont")}
+        verdicts.against_baselines(runs)
+        return {"runs": runs, "steps": 200}
+    zero, one = result(0, [3.6, 3.4], [3.5, 3.3]), result(1, [3.7, 3.5], [3.6, 3.45])
+    alone = routing_family.findings(one)
+    assert alone["upcycled_vs_dense_cont"] == "better, no noise estimate"
+    assert "upcycled_vs_dense_cont_seeds" not in alone
+    f = routing_family.findings(one, [zero])
+    both = f["upcycled_vs_dense_cont_seeds"]
+    assert both["seeds"] == [0, 1] and both["gaps"] == [0.1, 0.05]      # dense_cont - upcycled
+    assert both["margin"] == pytest.approx(0.075) and both["noise"] == pytest.approx(0.05)
+    assert f["upcycled_vs_dense_cont"] == both["verdict"] == "better, within noise"
+    assert f["upcycled_minus_dense_cont"] == [-0.1, -0.05]          # this seed's curve
+    assert set(one["runs"]) == {"dense_cont", "upcycled"}
+
+
+def test_routing_family_lm_study_on_another_seed_reads_one_vocabulary(tmp_path):
+    args = routing_family.arguments(["--regime", "lm", "--corpus", str(tmp_path), "--out",
+                                     str(tmp_path / "out"), "--seed", "1", "--vocab",
+                                     str(tmp_path / "tokenizer.model")])
+    s = routing_family.study(args, None)
+    assert s.vocab == (tmp_path / "tokenizer.model").resolve()
+    assert {r.seed for r in s.runs} == {1} and s.get("upcycled").steps == 1200
+    assert s.get("dense").model == "dense_lm_cpu" and s.steps == 2400
+
+
 def test_a_result_goes_beside_its_runs_and_replaces_the_published_one_only_when_asked(tmp_path):
     docs, out = tmp_path / "docs", tmp_path / "runs"
     (docs / "figures").mkdir(parents=True)
