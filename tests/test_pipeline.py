@@ -128,6 +128,8 @@ def run_config(**kw):
     c.per_device_batch_size, c.max_length, c.data.vocab_size = 1, 32, 300
     c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps = 1, 0, 4
     c.data.max_eval_examples = 16
+    c.data.embedded_max_pairs = 500     # a quick tokenizer (all 52k: ~10 s of sentencepiece)
+    c.data.locale_dir = "/nonexistent-catalogues"     # the shipped corpus alone
     c.scan_layers, c.moe.jitter = True, 0.0
     for k, v in kw.items():
         node, _, field = k.rpartition("__")      # data__vocab_path: c.data.vocab_path
