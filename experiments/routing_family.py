@@ -51,12 +51,12 @@ upcycled LM is written as a switchzoo checkpoint (the Hugging Face format holds 
 model), which init_from reads as it reads a run.
 
 Another seed: every run of the study at --seed N, in its own --out and --json, reading the
-first study's vocabulary (--vocab); --with the other seeds' results makes each verdict like for
-like over every seed (e.g. the upcycling pair on seed 1, ~45 min on one core):
+first study's vocabulary (--vocab); --seeds-from the other seeds' results makes each verdict
+like for like over every seed (e.g. the upcycling pair on seed 1, ~45 min on one core):
 
     python experiments/routing_family.py --regime lm --corpus runs/corpus --out runs/rf_lm_s1 \
         --seed 1 --vocab runs/lm/dense/tokenizer.model --runs dense_cont upcycled \
-        --json runs/rf_lm_s1/routing_family_lm_s1.json --with docs/routing_family_lm.json
+        --json runs/rf_lm_s1/routing_family_lm_s1.json --seeds-from docs/routing_family_lm.json
 """
 from __future__ import annotations
 
@@ -201,7 +201,7 @@ def link_reused(study: harness.Study, args) -> None:
 
 
 def with_seeds(result: dict, others: list[dict]) -> dict:
-    """``result`` with the runs of the same study on other seeds (their results, --with) added
+    """``result`` with the runs of the same study on other seeds (their results, --seeds-from) added
     as NAME_sSEED: the verdicts then compare like for like over every seed that ran."""
     runs = dict(result["runs"])
     for other in others:
@@ -311,8 +311,8 @@ def arguments(argv) -> argparse.Namespace:
         p.add_argument("--eval-examples", type=int)
     p.set_defaults(eval_examples=regime["eval_examples"])
     p.add_argument("--seed", type=int, default=0, help="every run's seed (give each seed "
-                   "its own --out and --json; --with reads the others' results)")
-    p.add_argument("--with", dest="others", type=pathlib.Path, nargs="+", default=[],
+                   "its own --out and --json; --seeds-from reads the others' results)")
+    p.add_argument("--seeds-from", type=pathlib.Path, nargs="+",
                    help="the same study's results on other seeds (their JSON), for the verdicts")
     p.add_argument("--continue-warmup", type=int, default=100,
                    help="warm-up of the runs continued from the dense checkpoint")
@@ -358,14 +358,20 @@ def main(argv=None) -> int:
                                         commit=record.get("commits", {}).get(workdir.name))
         result.setdefault("reused", {})[name] = str(
             workdir.relative_to(ROOT) if workdir.is_relative_to(ROOT) else workdir)
-    others = [json.loads(p.read_text()) for p in args.others]
-    for p, other in zip(args.others, others):      # the same recipe, on another seed
+    others = [json.loads(p.read_text()) for p in args.seeds_from or []]
+    for p, other in zip(args.seeds_from or [], others):      # the same recipe, on another seed
         differ = [k for k in ("config", "flags", "steps", "eval_every")
                   if other.get(k) != result.get(k)]
         if differ:
-            sys.exit(f"error: --with {p}: its {', '.join(differ)} differ from this study's; "
+            sys.exit(f"error: --seeds-from {p}: its {', '.join(differ)} differ from this study's; "
                      "give the result of the same command on another --seed")
     result["findings"] = findings(result, others)
+    corpora = {r.get("seed", 0): (o.get("corpus") or {}).get("sha1") for o in [result, *others]
+               for r in list(o["runs"].values())[:1]}
+    if others and len(set(corpora.values())) > 1:     # said, not refused: pairs share theirs
+        result["findings"]["corpus_by_seed"] = corpora
+        print(f"note: the seeds ran on different corpus builds {corpora}; each verdict's "
+              "gaps are within a seed, where both runs read the same one")
     harness.write(result, args.out, plot, publish=args.publish, path=args.json,
                   figure=args.figure)
     print(markdown(result))
