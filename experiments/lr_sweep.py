@@ -178,6 +178,10 @@ def main(argv=None) -> int:
     if not args.report and later:
         harness.run(full, args.out, only=later)
     result = about(full)
+    # the build of the text the runs read (runs/corpus is rebuilt as Debian moves) and its size
+    # in the study's tokens
+    vocab = args.vocab or args.out / grid.runs[0].name / "tokenizer.model"
+    result["corpus"] = lm_claims.corpus_about(args.corpus, vocab)
     result["rates"] = rates
     result["best"] = best_rates(result, rates)
     result["switch_minus_dense"] = {
