@@ -40,7 +40,10 @@ def pytest_runtest_protocol(item, nextitem):
                   "cpu_children": round(children2 - children, 3),
                   "wall": round(time.monotonic() - wall, 3),
                   "compile_s": round(_compile[0] - seconds, 3),
-                  "compiles": _compile[1] - programs})
+                  "compiles": _compile[1] - programs,
+                  # which xdist worker: a module whose tests two workers ran built its
+                  # module-scoped fixtures twice
+                  "worker": os.environ.get("PYTEST_XDIST_WORKER", "")})
 
 
 def pytest_sessionfinish(session):

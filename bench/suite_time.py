@@ -59,7 +59,11 @@ def summarise(tests: dict, top: int = 15) -> dict:
     files = collections.Counter()
     for name, r in tests.items():
         files[name.split("::")[0]] += cpu(r)
+    workers = collections.defaultdict(set)
+    for name, r in tests.items():
+        workers[name.split("::")[0]].add(r.get("worker", ""))
     return {"tests_cpu_s": round(sum(map(cpu, tests.values())), 1),
+            "files_on_several_workers": sorted(f for f, w in workers.items() if len(w) > 1),
             "children_cpu_s": round(sum(r["cpu_children"] for r in tests.values()), 1),
             "compile_s": round(sum(r["compile_s"] for r in tests.values()), 1),
             "files": {f: round(c, 1) for f, c in files.most_common()},

@@ -36,6 +36,7 @@ def test_a_run_counts_each_tests_processes_and_compares(tmp_path):
     assert started["test"].endswith("test_starts_a_process") and started["cpu_children"] > 0.1
     assert alone["cpu_children"] == 0 and r["cpu_s"] >= r["tests_cpu_s"] > 0.1
     assert list(r["files"]) == [started["test"].split("::")[0]]
+    assert r["files_on_several_workers"] == [] and started["worker"] == ""     # no xdist
 
     then = {**r, "tests": {n: {**t, "cpu_own": 2 * t["cpu_own"],
                                "cpu_children": 2 * t["cpu_children"]}
