@@ -49,9 +49,22 @@ def run_suite(clone: Path, tests: list[str], workers: int, rows_dir: Path) -> di
                            - before.ru_stime, 1)}
 
 
+COLUMNS = ("cpu_own", "cpu_children", "wall", "compile_s", "compiles", "worker")
+
+
 def per_test(rows_dir: Path) -> dict:
     rows = [r for f in sorted(rows_dir.glob("*.json")) for r in json.loads(f.read_text())]
     return {r["test"]: r for r in rows}
+
+
+def packed(tests: dict) -> dict:
+    """Each test's row as a list in COLUMNS' order (the JSON's ``tests``: ~700 rows)."""
+    return {n: [r.get(c, "") for c in COLUMNS] for n, r in tests.items()}
+
+
+def unpacked(tests: dict) -> dict:
+    return {n: r if isinstance(r, dict) else {"test": n, **dict(zip(COLUMNS, r))}
+            for n, r in tests.items()}
 
 
 def summarise(tests: dict, top: int = 15) -> dict:
@@ -74,7 +87,7 @@ def summarise(tests: dict, top: int = 15) -> dict:
 def compare(tests: dict, old: dict) -> dict:
     """The tests both runs ran: their CPU here and there, and the files whose share moved."""
     cpu = lambda r: r["cpu_own"] + r["cpu_children"]       # noqa: E731
-    then = {n: cpu(r) for n, r in old["tests"].items()}
+    then = {n: cpu(r) for n, r in unpacked(old["tests"]).items()}
     common = sorted(set(tests) & set(then))
     now_s, then_s = sum(cpu(tests[n]) for n in common), sum(then[n] for n in common)
     drift = now_s / then_s if then_s else None
@@ -111,12 +124,15 @@ def main(argv=None) -> int:
         shutil.rmtree(clone, ignore_errors=True)
     result = {"benchmark": "suite_time", "commit": commit, "machine": machine(),
               "budget_s": BUDGET_S, **run, "within_budget": run["wall_s"] <= BUDGET_S,
-              **summarise(tests), "tests": tests}
+              **summarise(tests), "tests_columns": list(COLUMNS), "tests": packed(tests)}
     if old:
         result["compare"] = compare(tests, old)
     if args.out:                       # every test's row in the file, the summary printed
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        rows = ",\n".join(f"  {json.dumps(n)}: {json.dumps(r)}"
+                           for n, r in result["tests"].items())
+        text = json.dumps({**result, "tests": "ROWS"}, indent=1)
+        Path(args.out).write_text(text.replace('"ROWS"', "{\n" + rows + "\n }") + "\n")
     emit({k: v for k, v in result.items() if k != "tests"}, None)
     return 0 if run["returncode"] == 0 else 1
 

@@ -32,15 +32,15 @@ def test_a_run_counts_each_tests_processes_and_compares(tmp_path):
     (tmp_path / "test_two.py").write_text(TESTS)
     r = suite_time(tmp_path)
     assert r["returncode"] == 0 and "2 passed" in r["summary"] and r["within_budget"]
-    alone, started = (r["tests"][n] for n in sorted(r["tests"]))
+    assert r["tests_columns"][:2] == ["cpu_own", "cpu_children"]
+    alone, started = ({"test": n, **dict(zip(r["tests_columns"], r["tests"][n]))}
+                      for n in sorted(r["tests"]))
     assert started["test"].endswith("test_starts_a_process") and started["cpu_children"] > 0.1
     assert alone["cpu_children"] == 0 and r["cpu_s"] >= r["tests_cpu_s"] > 0.1
     assert list(r["files"]) == [started["test"].split("::")[0]]
     assert r["files_on_several_workers"] == [] and started["worker"] == ""     # no xdist
 
-    then = {**r, "tests": {n: {**t, "cpu_own": 2 * t["cpu_own"],
-                               "cpu_children": 2 * t["cpu_children"]}
-                           for n, t in r["tests"].items()}}
+    then = {**r, "tests": {n: [2 * t[0], 2 * t[1], *t[2:]] for n, t in r["tests"].items()}}
     (tmp_path / "then.json").write_text(json.dumps(then))
     again = suite_time(tmp_path, "--compare", str(tmp_path / "then.json"))["compare"]
     assert again["common_tests"] == 2 and again["new_tests_cpu_s"] == 0
