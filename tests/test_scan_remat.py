@@ -53,11 +53,13 @@ def loss_and_logits(cfg: ModelConfig):
     return loss
 
 
-@pytest.fixture(scope="module")
-def runs():
-    """{(scan_layers, remat): (loss, logits, unrolled gradients, temp bytes)} of switch_tiny's
-    forward + backward from the same weights, each compiled once."""
-    unrolled, out = pure_params(TINY), {}
+def test_scanned_and_rematerialised_steps_compute_the_unrolled_one_in_less_memory():
+    """switch_tiny's forward + backward from the same weights, unrolled and scanned, scanned
+    under each remat policy (each compiled once): the same loss, logits and gradients, and
+    smaller temporaries the more a policy recomputes. One test, not one per comparison on a
+    shared fixture: pytest-xdist's worksteal may split a module's tests over two workers, and
+    each would compile the five programs (~12 CPU-s)."""
+    unrolled, runs = pure_params(TINY), {}
     for scan, remat in ((False, "none"), (True, "none"), (True, "full"), (True, "dots"),
                         (True, "minimal")):
         cfg = TINY.replace(scan_layers=scan, remat=remat)
@@ -65,27 +67,30 @@ def runs():
         compiled = jax.jit(jax.value_and_grad(loss_and_logits(cfg), has_aux=True)).lower(
             params).compile()
         (value, logits), grads = compiled(params)
-        out[scan, remat] = (value, logits, transformer.unstack_layers(grads, cfg),
-                            compiled.memory_analysis().temp_size_in_bytes)
-    return out
+        runs[scan, remat] = (value, logits, transformer.unstack_layers(grads, cfg),
+                             compiled.memory_analysis().temp_size_in_bytes)
 
-
-def test_scanned_layers_compute_the_unrolled_logits_and_gradients(runs):
+    # Scanned layers compute the unrolled logits and gradients.
     loss, logits, grads, _ = runs[False, "none"]
     s_loss, s_logits, s_grads, _ = runs[True, "none"]
     assert abs(float(loss - s_loss)) < 1e-6
     assert max_diff(logits, s_logits) < 1e-5
     assert max_diff(grads, s_grads) < 1e-6
     assert max_diff(grads, jax.tree.map(jnp.zeros_like, grads)) > 1e-3    # not all zero
-
-
-@pytest.mark.parametrize("remat", ["full", "dots", "minimal"])
-def test_rematerialisation_gives_the_same_loss_and_gradients(runs, remat):
-    loss, logits, grads, _ = runs[True, "none"]
-    r_loss, r_logits, r_grads, _ = runs[True, remat]
-    assert abs(float(loss - r_loss)) < 1e-6
-    assert max_diff(logits, r_logits) < 1e-5
-    assert max_diff(grads, r_grads) < 1e-6
+    # Rematerialisation gives the same loss and gradients, whatever the policy.
+    for remat in ("full", "dots", "minimal"):
+        r_loss, r_logits, r_grads, _ = runs[True, remat]
+        assert abs(float(s_loss - r_loss)) < 1e-6, remat
+        assert max_diff(s_logits, r_logits) < 1e-5, remat
+        assert max_diff(s_grads, r_grads) < 1e-6, remat
+    # ... and lowers the scanned step's temporaries. The scan's backward loop recomputes one
+    # group at a time. Unrolled, XLA:CPU compiles the recomputation in but its temporaries stay
+    # as they were (also for a plain jax.checkpoint'd chain of matmuls), so the claim is tested
+    # where the backend keeps it: docs/benchmarks.md.
+    none, full, dots, minimal = (runs[True, r][3] for r in ("none", "full", "dots", "minimal"))
+    assert full < 0.7 * none, (full, none)
+    assert dots < none, (dots, none)
+    assert minimal < dots, (minimal, dots)
 
 
 @pytest.mark.parametrize("remat", ["full", "dots", "minimal"])
@@ -99,16 +104,6 @@ def test_an_unrolled_stack_checkpoints_each_block_with_its_policy(remat):
     assert len(blocks) == TINY.num_layers
     assert all(e.params["policy"] is transformer.REMAT_POLICIES[remat] for e in blocks)
     assert not checkpoints(TINY)
-
-
-def test_rematerialisation_lowers_the_scanned_steps_temporaries(runs):
-    # The scan's backward loop recomputes one group at a time. Unrolled, XLA:CPU compiles the
-    # recomputation in but its temporaries stay as they were (also for a plain jax.checkpoint'd
-    # chain of matmuls), so the claim is tested where the backend keeps it: docs/benchmarks.md.
-    none, full, dots, minimal = (runs[True, r][3] for r in ("none", "full", "dots", "minimal"))
-    assert full < 0.7 * none, (full, none)
-    assert dots < none, (dots, none)
-    assert minimal < dots, (minimal, dots)
 
 
 @pytest.mark.parametrize("cfg", [TINY, ENC_DEC], ids=["decoder_only", "encoder_decoder"])
