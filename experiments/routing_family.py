@@ -201,8 +201,8 @@ def link_reused(study: harness.Study, args) -> None:
 
 
 def with_seeds(result: dict, others: list[dict]) -> dict:
-    """``result`` with the runs of the same study on other seeds (their results, --seeds-from) added
-    as NAME_sSEED: the verdicts then compare like for like over every seed that ran."""
+    """``result`` with the runs of the same study on other seeds (their results, --seeds-from)
+    added as NAME_sSEED: the verdicts then compare like for like over every seed that ran."""
     runs = dict(result["runs"])
     for other in others:
         for name, r in other["runs"].items():
@@ -327,6 +327,29 @@ def arguments(argv) -> argparse.Namespace:
     return args
 
 
+def seeds_from(args, s: harness.Study) -> list[dict]:
+    """The results --seeds-from names: each the same recipe as this study's on another seed, or
+    the command stops in one line."""
+    others = []
+    for p in args.seeds_from or []:
+        try:
+            other = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            sys.exit(f"error: --seeds-from {p}: cannot read it as a study's JSON ({e})")
+        recipe = {"config": s.config, "flags": list(s.flags), "steps": s.steps,
+                  "eval_every": s.eval_every}
+        differ = [k for k, v in recipe.items() if other.get(k) != v]
+        seeds = {r.get("seed", 0) for r in other.get("runs", {}).values()}
+        if differ:
+            sys.exit(f"error: --seeds-from {p}: its {', '.join(differ)} differ from this "
+                     "study's; give the result of the same command on another --seed")
+        if args.seed in seeds:
+            sys.exit(f"error: --seeds-from {p}: it ran seed {args.seed}, this study's own; "
+                     "give the results of other seeds")
+        others.append(other)
+    return others
+
+
 def main(argv=None) -> int:
     args = arguments(argv)
     lm = args.regime == "lm"
@@ -338,6 +361,7 @@ def main(argv=None) -> int:
         return 2
     docs, corpus = (None, None) if lm else svd.english_docs(args.out, write=not args.report)
     s = study(args, docs)
+    others = seeds_from(args, s)                # checked before anything trains
     if not args.report:
         if lm and args.reuse:
             link_reused(s, args)
@@ -358,13 +382,6 @@ def main(argv=None) -> int:
                                         commit=record.get("commits", {}).get(workdir.name))
         result.setdefault("reused", {})[name] = str(
             workdir.relative_to(ROOT) if workdir.is_relative_to(ROOT) else workdir)
-    others = [json.loads(p.read_text()) for p in args.seeds_from or []]
-    for p, other in zip(args.seeds_from or [], others):      # the same recipe, on another seed
-        differ = [k for k in ("config", "flags", "steps", "eval_every")
-                  if other.get(k) != result.get(k)]
-        if differ:
-            sys.exit(f"error: --seeds-from {p}: its {', '.join(differ)} differ from this study's; "
-                     "give the result of the same command on another --seed")
     result["findings"] = findings(result, others)
     corpora = {r.get("seed", 0): (o.get("corpus") or {}).get("sha1") for o in [result, *others]
                for r in list(o["runs"].values())[:1]}
