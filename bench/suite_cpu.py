@@ -13,6 +13,7 @@ import pytest
 _rows: list = []
 _compile = [0.0, 0]                  # seconds, programs
 _listening = [False]
+_outcome: set = set()            # the current test's: passed / failed (any phase)
 
 
 def _on_duration(event: str, duration: float, **_) -> None:
@@ -34,6 +35,7 @@ def pytest_runtest_protocol(item, nextitem):
         jax.monitoring.register_event_duration_secs_listener(_on_duration)
         _listening[0] = True
     (own, children), wall, (seconds, programs) = _cpu(), time.monotonic(), tuple(_compile)
+    _outcome.clear()
     yield
     own2, children2 = _cpu()
     _rows.append({"test": item.nodeid, "cpu_own": round(own2 - own, 3),
@@ -43,7 +45,16 @@ def pytest_runtest_protocol(item, nextitem):
                   "compiles": _compile[1] - programs,
                   # which xdist worker: a module whose tests two workers ran built its
                   # module-scoped fixtures twice
-                  "worker": os.environ.get("PYTEST_XDIST_WORKER", "")})
+                  "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+                  "outcome": "failed" if "failed" in _outcome else "passed"
+                  if _outcome else "skipped"})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.failed or (report.when == "call" and report.passed):
+        _outcome.add("failed" if report.failed else "passed")
 
 
 def pytest_sessionfinish(session):

@@ -49,7 +49,7 @@ def run_suite(clone: Path, tests: list[str], workers: int, rows_dir: Path) -> di
                            - before.ru_stime, 1)}
 
 
-COLUMNS = ("cpu_own", "cpu_children", "wall", "compile_s", "compiles", "worker")
+COLUMNS = ("cpu_own", "cpu_children", "wall", "compile_s", "compiles", "worker", "outcome")
 
 
 def per_test(rows_dir: Path) -> dict:
@@ -75,7 +75,8 @@ def summarise(tests: dict, top: int = 15) -> dict:
     workers = collections.defaultdict(set)
     for name, r in tests.items():
         workers[name.split("::")[0]].add(r.get("worker", ""))
-    return {"tests_cpu_s": round(sum(map(cpu, tests.values())), 1),
+    return {"failed": sorted(n for n, r in tests.items() if r.get("outcome") == "failed"),
+            "tests_cpu_s": round(sum(map(cpu, tests.values())), 1),
             "files_on_several_workers": sorted(f for f, w in workers.items() if len(w) > 1),
             "children_cpu_s": round(sum(r["cpu_children"] for r in tests.values()), 1),
             "compile_s": round(sum(r["compile_s"] for r in tests.values()), 1),

@@ -39,6 +39,7 @@ def test_a_run_counts_each_tests_processes_and_compares(tmp_path):
     assert alone["cpu_children"] == 0 and r["cpu_s"] >= r["tests_cpu_s"] > 0.1
     assert list(r["files"]) == [started["test"].split("::")[0]]
     assert r["files_on_several_workers"] == [] and started["worker"] == ""     # no xdist
+    assert r["failed"] == [] and started["outcome"] == alone["outcome"] == "passed"
 
     then = {**r, "tests": {n: [2 * t[0], 2 * t[1], *t[2:]] for n, t in r["tests"].items()}}
     (tmp_path / "then.json").write_text(json.dumps(then))
