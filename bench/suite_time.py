@@ -35,7 +35,10 @@ def run_suite(clone: Path, tests: list[str], workers: int, rows_dir: Path) -> di
     plugin = rows_dir.parent / "plugin"     # this checkout's plugin, alone on the path
     plugin.mkdir()
     shutil.copy(Path(__file__).with_name("suite_cpu.py"), plugin)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    outer = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID",
+             "PYTEST_CURRENT_TEST")        # a pytest this runs under (its own test) is not ours
+    env = {**{k: v for k, v in os.environ.items() if k not in outer},
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
            "SUITE_CPU_OUT": str(rows_dir),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin),
                                                        os.environ.get("PYTHONPATH")]))}
