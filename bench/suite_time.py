@@ -55,6 +55,11 @@ def run_suite(clone: Path, tests: list[str], workers: int, rows_dir: Path) -> di
 COLUMNS = ("cpu_own", "cpu_children", "wall", "compile_s", "compiles", "worker", "outcome")
 
 
+def cpu(row: dict) -> float:
+    """A test's CPU seconds: its own process's and those of the processes it started."""
+    return row["cpu_own"] + row["cpu_children"]
+
+
 def per_test(rows_dir: Path) -> dict:
     rows = [r for f in sorted(rows_dir.glob("*.json")) for r in json.loads(f.read_text())]
     return {r["test"]: r for r in rows}
@@ -71,7 +76,6 @@ def unpacked(tests: dict) -> dict:
 
 
 def summarise(tests: dict, top: int = 15) -> dict:
-    cpu = lambda r: r["cpu_own"] + r["cpu_children"]       # noqa: E731
     files = collections.Counter()
     for name, r in tests.items():
         files[name.split("::")[0]] += cpu(r)
@@ -90,7 +94,6 @@ def summarise(tests: dict, top: int = 15) -> dict:
 
 def compare(tests: dict, old: dict) -> dict:
     """The tests both runs ran: their CPU here and there, and the files whose share moved."""
-    cpu = lambda r: r["cpu_own"] + r["cpu_children"]       # noqa: E731
     then = {n: cpu(r) for n, r in unpacked(old["tests"]).items()}
     common = sorted(set(tests) & set(then))
     now_s, then_s = sum(cpu(tests[n]) for n in common), sum(then[n] for n in common)
@@ -117,7 +120,17 @@ def main(argv=None) -> int:
     p.add_argument("--tests", nargs="+", default=["tests"], help="what pytest runs")
     p.add_argument("--compare", type=Path, help="an earlier run's JSON")
     args = p.parse_args(argv)
-    old = json.loads(args.compare.read_text()) if args.compare else None
+    if args.workers < 0:
+        p.error(f"--workers {args.workers}: give 0 (no xdist) or more")
+    old = None
+    if args.compare:                   # read before the suite runs, not after
+        try:
+            old = json.loads(args.compare.read_text())
+            unpacked(old["tests"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"error: --compare {args.compare}: not a result of bench/suite_time.py "
+                  f"({e!r}); give an earlier run's --out JSON", file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(prefix="suite-time-") as tmp:
         clone = Path(tmp) / "clone"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
@@ -125,7 +138,6 @@ def main(argv=None) -> int:
                                 capture_output=True, text=True).stdout.strip()
         run = run_suite(clone, args.tests, args.workers, Path(tmp) / "rows")
         tests = per_test(Path(tmp) / "rows")
-        shutil.rmtree(clone, ignore_errors=True)
     result = {"benchmark": "suite_time", "commit": commit, "machine": machine(),
               "budget_s": BUDGET_S, **run, "within_budget": run["wall_s"] <= BUDGET_S,
               **summarise(tests), "tests_columns": list(COLUMNS), "tests": packed(tests)}

@@ -328,8 +328,8 @@ def arguments(argv) -> argparse.Namespace:
 
 
 def seeds_from(args, s: harness.Study) -> list[dict]:
-    """The results --seeds-from names: each the same recipe as this study's on another seed, or
-    the command stops in one line."""
+    """The results --seeds-from names: each the same recipe as this study's on other seeds
+    than its own, or the command stops in one line."""
     others = []
     for p in args.seeds_from or []:
         try:
@@ -383,8 +383,8 @@ def main(argv=None) -> int:
         result.setdefault("reused", {})[name] = str(
             workdir.relative_to(ROOT) if workdir.is_relative_to(ROOT) else workdir)
     result["findings"] = findings(result, others)
-    corpora = {r.get("seed", 0): (o.get("corpus") or {}).get("sha1") for o in [result, *others]
-               for r in list(o["runs"].values())[:1]}
+    corpora = {r.get("seed", 0): (o.get("corpus") or {}).get("sha1")    # each seed's build
+               for o in [result, *others] for r in o["runs"].values()}
     if others and len(set(corpora.values())) > 1:     # said, not refused: pairs share theirs
         result["findings"]["corpus_by_seed"] = corpora
         print(f"note: the seeds ran on different corpus builds {corpora}; each verdict's "
