@@ -150,14 +150,19 @@ RUNS = [   # in the order they run; the continued runs train --steps/2 (study())
 
 
 LM_MODELS = {"t5_cpu": "dense_lm_cpu", "switch_cpu_8": "switch_lm_cpu_8"}
-LM = ["dense", "top1", "student", "student_init", "dense_cont", "upcycled",   # (d), then (c)
-      "upcycled_raw", "top2", "bias"]                                       # on request
-LM_RUNS = [dataclasses.replace(r, model=LM_MODELS[r.model]) for n in LM for r in RUNS
-           if r.name == n]
+LM = ["dense", "top1", "student", "student_init", "dense_long",               # (d)
+      "dense_cont", "upcycled",                                                # (c)
+      "upcycled_raw", "top2", "bias"]                                          # on request
+# distillation's fair baseline: dense trained as many steps as teacher + student (the dense run
+# continued on its own schedule to twice the study's steps; study() sets its steps)
+DENSE_LONG = Run("dense_long", "t5_cpu", before=lm_claims.continues("dense"),
+                 starts_from="continues:dense")
+LM_RUNS = [dataclasses.replace(r, model=LM_MODELS[r.model]) for n in LM
+           for r in [*RUNS, DENSE_LONG] if r.name == n]
 REUSED = {"dense": "dense", "top1": "switch_8"}     # run -> lm_claims' run of the same recipe
 REGIMES = {"span": dict(runs=RUNS, main=[r.name for r in RUNS], name="routing_family",
                         steps=1000, eval_every=125, eval_examples=500),
-           "lm": dict(runs=LM_RUNS, main=LM[:6], name="routing_family_lm",       # lm_claims'
+           "lm": dict(runs=LM_RUNS, main=LM[:7], name="routing_family_lm",       # lm_claims'
                       steps=2400, eval_every=200, eval_examples=2000)}
 
 
@@ -166,36 +171,68 @@ def study(args, docs: pathlib.Path | None) -> harness.Study:
     runs = [dataclasses.replace(r, steps=args.steps // 2, flags=(
                 *r.flags, f"--config.warmup_steps={args.continue_warmup}"))
             if r.starts_from in CONTINUED else r for r in REGIMES[args.regime]["runs"]]
-    runs = [dataclasses.replace(r, seed=args.seed) for r in runs]     # every run, one seed
+    runs = [dataclasses.replace(r, seed=args.seed, steps=2 * args.steps)
+            if r.name == DENSE_LONG.name else dataclasses.replace(r, seed=args.seed)
+            for r in runs]                                                # every run, one seed
     if args.regime == "lm":
+        base = lm_claims.study(args)
         return dataclasses.replace(
-            lm_claims.study(args), runs=runs,
+            base, runs=runs, flags=(*base.flags, *(
+                [f"--config.learning_rate={args.lr:g}"] if args.lr is not None else [])),
             vocab=args.vocab.resolve() if args.vocab else None,
             title="The routing family and model surgery, decoder-only LM on English prose")
     return svd.span_study(args, args.name, runs, docs,
                           title="The routing family and model surgery, span corruption")
 
 
+def reused_sources(args) -> dict[str, pathlib.Path]:
+    """run -> the finished workdir that stands for it: --reuse DIR (lm_claims' --out: its dense
+    and switch_8, with _sSEED on another seed) and/or RUN=WORKDIR pairs (e.g. the LR sweep's)."""
+    sources = {}
+    for item in args.reuse or []:
+        name, eq, path = item.partition("=")
+        if not eq:
+            suffix = f"_s{args.seed}" if args.seed else ""       # lm_claims' names its seeds so
+            sources.update({run: pathlib.Path(item) / (source + suffix)
+                            for run, source in REUSED.items()})
+        elif name not in REUSED:
+            sys.exit(f"error: --reuse {item}: only {' and '.join(REUSED)} can be reused "
+                     "(RUN=WORKDIR)")
+        else:
+            sources[name] = pathlib.Path(path)
+    return sources
+
+
+def config_value(study: harness.Study, key: str):
+    """The study's config file's value of ``key`` (no flag given)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_study_config", ROOT / study.config)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()[key]
+
+
 def link_reused(study: harness.Study, args) -> None:
-    """out/<run> -> --reuse's run (REUSED) for each not here yet; it must be finished under the
-    study's recipe, its curve standing for the run's."""
+    """out/<run> -> its reused workdir (reused_sources) for each not here yet; it must be
+    finished under the study's recipe, its curve standing for the run's."""
     corpus = args.corpus.resolve()
-    for name, source in REUSED.items():
-        source += f"_s{args.seed}" if args.seed else ""          # lm_claims' names its seeds so
-        run, link, there = study.get(name), args.out / name, (args.reuse / source).resolve()
+    for name, there in reused_sources(args).items():
+        run, link, there = study.get(name), args.out / name, there.resolve()
         if link.exists() or link.is_symlink():
             continue
         c = json.loads((there / "config.json").read_text()) if (
             there / "config.json").is_file() else {}
         got = [c.get(k) for k in ("model", "seed", "num_train_steps", "eval_every_steps",
-                                  "warmup_steps")] + [c.get("data", {}).get(k) for k in (
-            "train_files", "eval_files", "max_eval_examples")]
-        want = [run.model, run.seed, study.steps, study.eval_every, args.warmup,
+                                  "warmup_steps", "learning_rate")] + [
+            c.get("data", {}).get(k) for k in ("train_files", "eval_files", "max_eval_examples")]
+        lr = args.lr if args.lr is not None else config_value(study, "learning_rate")
+        want = [run.model, run.seed, study.steps, study.eval_every, args.warmup, lr,
                 str(corpus / "train.txt"), str(corpus / "eval.txt"), args.eval_examples]
-        if got != want or not harness.finished(study, dataclasses.replace(run, name=source),
-                                               args.reuse):
+        if got != want or not harness.finished(
+                study, dataclasses.replace(run, name=there.name), there.parent):
             sys.exit(f"--reuse: {there} is not a finished run of {want} (model, seed, steps, "
-                     f"eval every, warm-up, train, eval files, eval examples): it has {got}")
+                     f"eval every, warm-up, learning rate, train, eval files, eval examples): "
+                     f"it has {got}")
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(there, target_is_directory=True)
 
@@ -252,6 +289,20 @@ def findings(result: dict, others: Sequence[dict] = ()) -> dict:
                 f[f"{name}_gain"] = round(kept, 4)
                 f[f"{name}_share_of_teacher_gain"] = (round(kept / gain, 3) if gain > 0
                                                       else None)
+        if "dense_long" in runs:       # the fair share: against dense as long as teacher + student
+            long = runs["dense_long"]["final_eval_loss"]
+            f["dense_long_minus_dense"] = round(long - runs["dense"]["final_eval_loss"], 4)
+            for name in ("student", "student_init"):
+                if name in runs:
+                    kept = long - runs[name]["final_eval_loss"]
+                    f[f"{name}_minus_dense_long"] = round(-kept, 4)
+                    f[f"{name}_share_vs_dense_long"] = (round(kept / gain, 3) if gain > 0
+                                                        else None)
+                    f[f"{name}_vs_dense_long"] = verdicts.compare(seeded, name, "dense_long",
+                                                                  ref)
+        if "student_init" in runs:     # the teacher's probabilities alone (same start)
+            f["student_vs_student_init"] = verdicts.compare(seeded, "student", "student_init",
+                                                            ref)
     return f
 
 
@@ -259,7 +310,8 @@ PANELS = {"(a) routers at capacity factor 1.25": ["top1", "top2", "ec", "ec_cf2"
           "(b) balancing": ["top1", "bias"],
           "(c) upcycling a dense checkpoint": ["dense", "dense_cont", "upcycled",
                                                "upcycled_raw"],
-          "(d) distilling top1 into dense": ["dense", "top1", "student", "student_init"]}
+          "(d) distilling top1 into dense": ["dense", "top1", "student", "student_init",
+                                             "dense_long"]}
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
@@ -303,8 +355,12 @@ def arguments(argv) -> argparse.Namespace:
     else:
         p.add_argument("--corpus", type=pathlib.Path, required=True,
                        help="python -m switchzoo.data.english --out CORPUS")
-        p.add_argument("--reuse", type=pathlib.Path, help="lm_claims.py's --out: its finished "
-                       "dense and switch_8 runs stand for dense and top1")
+        p.add_argument("--reuse", nargs="+", metavar="DIR|RUN=WORKDIR",
+                       help="lm_claims.py's --out (its finished dense and switch_8 runs stand "
+                       "for dense and top1) or RUN=WORKDIR pairs, e.g. dense=runs/lr_sweep/"
+                       "dense_lr0.04 top1=runs/lr_sweep/switch_8_lr0.04")
+        p.add_argument("--lr", type=float, help="every run's learning rate (default: the "
+                       "config's, 0.01)")
         p.add_argument("--warmup", type=int, default=250)
         p.add_argument("--vocab", type=pathlib.Path, help="a tokenizer.model every run reads "
                        "(default: the first run trains one), e.g. the seed-0 study's")

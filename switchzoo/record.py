@@ -44,12 +44,24 @@ NEUTRAL = frozenset((
     # the embedded corpus and manuals are cached in the workdir when the run starts
     "data.locale_dir", "data.info_dir",
     "eval.num_beams", "eval.length_penalty", "eval.max_decode_length", "eval.max_examples"))
+
+
+def _same_bytes(old, new) -> bool:
+    """Two names of one file's content (e.g. a relative and an absolute path to a tokenizer)."""
+    try:
+        return bool(old) and bool(new) and (pathlib.Path(old).read_bytes() ==
+                                            pathlib.Path(new).read_bytes())
+    except OSError:
+        return False
+
+
 # Fields neutral only between some values: the capacity dispatches (index, einsum, auto) route
 # alike, dropless drops nothing; without eval_files, data.source=files holds evaluation
-# examples out of the training files.
+# examples out of the training files; a vocabulary named by another path with the same bytes.
 NEUTRAL_BETWEEN = {
     "moe.dispatch": lambda old, new: "dropless" not in (old, new),
     "data.eval_files": lambda old, new: bool(old) and bool(new),
+    "data.vocab_path": _same_bytes,
 }
 # What selects the evaluation examples (results_names); the rest is how they are evaluated.
 EVAL_SET = ("data.eval_files", "data.eval_split", "data.max_eval_examples")

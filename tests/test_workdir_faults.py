@@ -230,6 +230,18 @@ def test_evaluation_on_other_data_keeps_the_runs_own_results(copy, tmp_path):
     assert tables.load_run(copy)["results"] == json.loads(own)
 
 
+def test_a_vocabulary_named_by_another_path_is_no_change_another_vocabulary_is(tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "a.model").write_bytes(b"pieces")
+    (tmp_path / "b.model").write_bytes(b"other pieces")
+    same = record.NEUTRAL_BETWEEN["data.vocab_path"]
+    assert same("v/a.model", str(tmp_path / "v" / "a.model"))      # relative vs absolute
+    assert not same("v/a.model", "b.model")                          # other bytes
+    assert not same("v/a.model", "missing.model") and not same("", "v/a.model")
+
+
 def test_a_resume_on_other_devices_is_judged_by_its_global_batch(copy):
     """config.json records per_device_batch_size x devices. The run was trained on this
     process's 8 devices with 1 row each; its record is edited as if trained elsewhere."""
