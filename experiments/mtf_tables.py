@@ -27,6 +27,14 @@ beside ours with its orderings and margins (``python eval.py --table=mtf_table2_
 ``mtf_table3_wmt_mini`` prints it again). Writes --out/h<heads>/ (train.py workdirs; run again to
 continue), --out/<name>.json and --out/figures/<name>.png, or with --publish docs/<name>.json
 and docs/figures/<name>.png (name: mtf_table2_mini or mtf_table3_mini).
+
+Another seed: every rung at --seed N in its own --out and --name (h1 trains the vocabulary again:
+SentencePiece on the same text gives the same one); --seeds-from the other seeds' results
+judges each rung against the one below over every seed (``seeds`` in the JSON: the held-out loss
+and the table's metric, by switchzoo.noise's paired rule), e.g.
+
+    python experiments/mtf_tables.py --table wmt --out runs/mtf_wmt_s1 --seed 1 \
+        --name mtf_table3_mini_s1 --seeds-from docs/mtf_table3_mini.json
 """
 from __future__ import annotations
 
@@ -39,7 +47,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import harness  # noqa: E402
+import verdicts  # noqa: E402
 from harness import Run  # noqa: E402
+from switchzoo import noise  # noqa: E402
 
 HEADS = (1, 2, 4, 8)
 
@@ -57,9 +67,9 @@ SERIES = {
 }
 
 
-def runs(prefix: str) -> list[Run]:
+def runs(prefix: str, seed: int = 0) -> list[Run]:
     """h1 (trains the vocabulary) ... h8; each compared with the rung below it."""
-    return [Run(f"h{h}", f"{prefix}{h}", baseline=f"h{below}" if below else None)
+    return [Run(f"h{h}", f"{prefix}{h}", seed=seed, baseline=f"h{below}" if below else None)
             for h, below in zip(HEADS, (None,) + HEADS[:-1])]
 
 
@@ -74,7 +84,8 @@ def study(args) -> harness.Study:
     else:
         flags = (f"--config.data.pair={args.pair}",)
     return harness.Study(
-        name=args.name, config=series["config"], runs=runs(series["prefix"]), steps=args.steps,
+        name=args.name, config=series["config"], runs=runs(series["prefix"], args.seed),
+        steps=args.steps,
         eval_every=args.eval_every, title=series["title"], flags=flags)
 
 
@@ -83,6 +94,10 @@ def command_line(args) -> str:
             f"{args.steps} --eval-every {args.eval_every} --name {args.name}")
     if args.runs:
         line += " --runs " + " ".join(args.runs)
+    if args.seed:
+        line += f" --seed {args.seed}"
+    if args.seeds_from:
+        line += " --seeds-from " + " ".join(map(str, args.seeds_from))
     if args.table == "lm":
         return (line + f" --corpus {args.corpus} --warmup {args.warmup} --eval-examples "
                        f"{args.eval_examples}")
@@ -104,6 +119,38 @@ def table_result(series: dict, dirs: list[str]) -> dict:
             "step", "model", series["metric"], "loss", "token_perplexity", "accuracy")}
     return {"name": series["table"], "metric": series["metric"], "results": ours,
             "orderings": tables.check_ordering(series["table"], dirs)}
+
+
+def by_seed(results: list[dict], name: str, metric: str) -> dict[int, float]:
+    """{seed: the table's ``metric``} of rung ``name`` over ``results`` (one per seed)."""
+    out = {}
+    for res in results:
+        value = res.get("table", {}).get("results", {}).get(name, {}).get(metric)
+        if name in res["runs"] and value is not None:
+            out[res["runs"][name].get("seed", 0)] = value
+    return out
+
+
+def rungs_over_seeds(result: dict, others: list[dict]) -> dict:
+    """Each rung against the one below over every seed that ran (this result's and
+    ``others``', the same series on other seeds): the held-out loss (verdicts.compare) and the
+    table's metric (BLEU: higher is better; word perplexity: lower), each by the paired rule,
+    and the metric's mean over the seeds."""
+    metric = result["table"]["metric"]
+    seeded, every = verdicts.with_seeds(result, others), [result, *others]
+    out = {}
+    for r in runs(""):
+        values = by_seed(every, r.name, metric)
+        out[r.name] = {f"{metric}_by_seed": {str(k): round(v, 4) for k, v in sorted(
+            values.items())}, f"{metric}_mean": round(sum(values.values()) / len(values), 4)
+            if values else None}
+        if r.baseline:
+            loss = verdicts.compare(seeded, r.name, r.baseline)
+            m = noise.compare(values, by_seed(every, r.baseline, metric),
+                              higher_is_better=metric == "bleu")
+            out[r.name].update(loss_vs_below=loss, **{
+                f"{metric}_vs_below": {**m, "verdict": noise.verdict(m)}})
+    return out
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
@@ -143,6 +190,10 @@ def main(argv=None) -> int:
     p.add_argument("--eval-examples", type=int, default=2000, help="--table lm")
     p.add_argument("--name", help="NAME.json, figures/NAME.png in --out (docs/ with --publish; "
                                   "default: mtf_table2_mini or mtf_table3_mini)")
+    p.add_argument("--seed", type=int, default=0, help="every rung's seed (give each seed its "
+                   "own --out and --name)")
+    p.add_argument("--seeds-from", type=pathlib.Path, nargs="+",
+                   help="the same series' results on other seeds (their JSON), for the verdicts")
     p.add_argument("--report", action="store_true", help="only evaluate and collect what has run")
     harness.publish_argument(p)
     args = p.parse_args(argv)
@@ -153,6 +204,7 @@ def main(argv=None) -> int:
     if args.table == "lm" and harness.missing_corpus(args.corpus):
         return 2
     s = study(args)
+    others = verdicts.seeds_from(args.seeds_from, args.seed, s)     # checked before training
     if not args.report:
         harness.run(s, args.out, only=args.runs)
     harness.evaluate(s, args.out)
@@ -160,12 +212,16 @@ def main(argv=None) -> int:
                              series=args.table)
     dirs = evaluated(s, args.out)
     result["table"] = table_result(series, dirs)
+    if others:
+        result["seeds"] = rungs_over_seeds(result, others)
     harness.write(result, args.out, plot, publish=args.publish)
     print(markdown(result))
     from switchzoo import tables
     print()
     print(tables.collect(series["table"], dirs))
     print(json.dumps(result["table"]["orderings"], indent=1))
+    if others:
+        print(json.dumps(result["seeds"], indent=1))
     return 0
 
 

@@ -237,16 +237,6 @@ def link_reused(study: harness.Study, args) -> None:
         link.symlink_to(there, target_is_directory=True)
 
 
-def with_seeds(result: dict, others: list[dict]) -> dict:
-    """``result`` with the runs of the same study on other seeds (their results, --seeds-from)
-    added as NAME_sSEED: the verdicts then compare like for like over every seed that ran."""
-    runs = dict(result["runs"])
-    for other in others:
-        for name, r in other["runs"].items():
-            runs.setdefault(f"{name}_s{r.get('seed', 0)}", r)
-    return {**result, "runs": runs}
-
-
 def findings(result: dict, others: Sequence[dict] = ()) -> dict:
     """What the runs say, from the result: dense's loss at half its steps; each router and
     balancing against top1 (loss difference, and its verdict under the one noise rule:
@@ -256,7 +246,7 @@ def findings(result: dict, others: Sequence[dict] = ()) -> dict:
     evaluation and when it reaches dense_cont's final loss; distillation's gains and the share
     of the teacher's it keeps."""
     runs, f = result["runs"], {}
-    seeded = with_seeds(result, list(others))
+    seeded = verdicts.with_seeds(result, list(others))
     ref = verdicts.reference(seeded)
     if "dense" in runs:
         dense = runs["dense"]
@@ -383,29 +373,6 @@ def arguments(argv) -> argparse.Namespace:
     return args
 
 
-def seeds_from(args, s: harness.Study) -> list[dict]:
-    """The results --seeds-from names: each the same recipe as this study's on other seeds
-    than its own, or the command stops in one line."""
-    others = []
-    for p in args.seeds_from or []:
-        try:
-            other = json.loads(p.read_text())
-        except (OSError, ValueError) as e:
-            sys.exit(f"error: --seeds-from {p}: cannot read it as a study's JSON ({e})")
-        recipe = {"config": s.config, "flags": list(s.flags), "steps": s.steps,
-                  "eval_every": s.eval_every}
-        differ = [k for k, v in recipe.items() if other.get(k) != v]
-        seeds = {r.get("seed", 0) for r in other.get("runs", {}).values()}
-        if differ:
-            sys.exit(f"error: --seeds-from {p}: its {', '.join(differ)} differ from this "
-                     "study's; give the result of the same command on another --seed")
-        if args.seed in seeds:
-            sys.exit(f"error: --seeds-from {p}: it ran seed {args.seed}, this study's own; "
-                     "give the results of other seeds")
-        others.append(other)
-    return others
-
-
 def main(argv=None) -> int:
     args = arguments(argv)
     lm = args.regime == "lm"
@@ -417,7 +384,7 @@ def main(argv=None) -> int:
         return 2
     docs, corpus = (None, None) if lm else svd.english_docs(args.out, write=not args.report)
     s = study(args, docs)
-    others = seeds_from(args, s)                # checked before anything trains
+    others = verdicts.seeds_from(args.seeds_from, args.seed, s)                # checked before anything trains
     if not args.report:
         if lm and args.reuse:
             link_reused(s, args)

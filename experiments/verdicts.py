@@ -3,6 +3,7 @@ runs differ only by seed, their spread and mean curve, and a comparison of two r
 one seed-noise rule (switchzoo.noise). Pure Python on harness.collect's result dict."""
 from __future__ import annotations
 
+import json
 import pathlib
 import statistics
 import sys
@@ -106,3 +107,37 @@ def dropped(run: dict) -> list[float] | None:
     layer), rounded to 3 decimals; None for a dense run."""
     d = run.get("dropped_fraction_train")
     return None if d is None else [round(x, 3) for x in d]
+
+
+def with_seeds(result: dict, others: list[dict]) -> dict:
+    """``result`` with the runs of the same study on other seeds (their results) added as
+    NAME_sSEED: the comparisons then read like for like over every seed that ran."""
+    runs = dict(result["runs"])
+    for other in others:
+        for name, r in other["runs"].items():
+            runs.setdefault(f"{name}_s{r.get('seed', 0)}", r)
+    return {**result, "runs": runs}
+
+
+def seeds_from(paths: Sequence[pathlib.Path] | None, seed: int, study) -> list[dict]:
+    """The results ``paths`` name (a --seeds-from flag): each the same study's recipe (config,
+    flags, steps, evaluation interval) as ``study``'s on seeds other than ``seed``, or the
+    command stops in one line."""
+    others = []
+    for p in paths or []:
+        try:
+            other = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            sys.exit(f"error: --seeds-from {p}: cannot read it as a study's JSON ({e})")
+        recipe = {"config": study.config, "flags": list(study.flags), "steps": study.steps,
+                  "eval_every": study.eval_every}
+        differ = [k for k, v in recipe.items() if other.get(k) != v]
+        seeds = {r.get("seed", 0) for r in other.get("runs", {}).values()}
+        if differ:
+            sys.exit(f"error: --seeds-from {p}: its {', '.join(differ)} differ from this "
+                     "study's; give the result of the same command on another --seed")
+        if seed in seeds:
+            sys.exit(f"error: --seeds-from {p}: it ran seed {seed}, this study's own; "
+                     "give the results of other seeds")
+        others.append(other)
+    return others

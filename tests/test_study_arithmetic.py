@@ -202,6 +202,64 @@ def test_routing_family_judges_the_upcycling_pair_over_the_seeds_of_other_result
     assert set(one["runs"]) == {"dense_cont", "upcycled"}
 
 
+def test_distillation_is_judged_against_dense_trained_as_long_as_teacher_and_student():
+    """Teacher 0.1 below dense; dense_long (dense continued to twice the steps) 0.08 below
+    dense; the student 0.03 below dense_long, student_init 0.01 below it: the shares against
+    dense_long are 0.03 / 0.1 and 0.01 / 0.1 of the teacher's gain, and on two seeds each pair
+    is judged by its paired gaps."""
+    def result(seed, shift):
+        runs = {"dense": summary([100, 200], [4.0 + shift, 3.5 + shift], seed=seed,
+                                 model="dense_lm_cpu", baseline=None),
+                "top1": summary([100, 200], [3.9 + shift, 3.4 + shift], seed=seed,
+                                model="switch_lm_cpu_8", baseline="dense"),
+                "dense_long": summary([200, 400], [3.5 + shift, 3.42 + shift], seed=seed,
+                                      model="dense_lm_cpu", baseline=None),
+                "student": summary([100, 200], [3.5 + shift, 3.39 + shift], seed=seed,
+                                   model="dense_lm_cpu", baseline="dense",
+                                   flags=["--config.distill.weight=0.25"]),
+                "student_init": summary([100, 200], [3.52 + shift, 3.41 + shift - seed * 0.01],
+                                        seed=seed, model="dense_lm_cpu", baseline="dense",
+                                        flags=["--config.distill.weight=0.0"])}
+        verdicts.against_baselines(runs)
+        return {"runs": runs, "steps": 200}
+    zero, one = result(0, 0.0), result(1, 0.05)
+    f = routing_family.findings(zero)
+    assert f["dense_long_minus_dense"] == pytest.approx(-0.08)
+    assert f["student_minus_dense_long"] == pytest.approx(-0.03)
+    assert f["student_share_vs_dense_long"] == pytest.approx(0.3)
+    assert f["student_init_share_vs_dense_long"] == pytest.approx(0.1)
+    both = routing_family.findings(zero, [one])
+    # student vs dense_long: gaps 0.03 and 0.03, no spread -> beyond noise
+    assert both["student_vs_dense_long"]["gaps"] == [0.03, 0.03]
+    assert both["student_vs_dense_long"]["verdict"] == "better, beyond noise"
+    # the teacher's probabilities alone: gaps 0.02 (seed 0) and 0.01 (seed 1): margin 0.015,
+    # noise 0.01 -> within 2x
+    s = both["student_vs_student_init"]
+    assert s["gaps"] == [0.02, 0.01] and s["verdict"] == "better, within noise"
+
+
+def test_mtf_rungs_are_judged_over_seeds_by_loss_and_by_the_tables_metric():
+    """Two seeds of a two-rung series: h2 is 0.1 and 0.2 BLEU above h1 (margin 0.15, noise
+    0.1: within 2x) and its loss 0.05 below on both (beyond)."""
+    import mtf_tables
+
+    def result(seed, bleu1, bleu2, shift):
+        runs = {"h1": summary([300], [2.5 + shift], seed=seed, model="mtf_wmt_cpu_h1",
+                              baseline=None),
+                "h2": summary([300], [2.45 + shift], seed=seed, model="mtf_wmt_cpu_h2",
+                              baseline="h1")}
+        return {"runs": runs, "table": {"metric": "bleu", "results": {
+            "h1": {"bleu": bleu1}, "h2": {"bleu": bleu2}}}}
+    zero, one = result(0, 20.0, 20.1, 0.0), result(1, 19.0, 19.2, 0.1)
+    seeds = mtf_tables.rungs_over_seeds(zero, [one])
+    h2 = seeds["h2"]
+    assert h2["bleu_by_seed"] == {"0": 20.1, "1": 19.2} and h2["bleu_mean"] == 19.65
+    assert h2["bleu_vs_below"]["gaps"] == [0.1, 0.2]
+    assert h2["bleu_vs_below"]["verdict"] == "better, within noise"
+    assert h2["loss_vs_below"]["verdict"] == "better, beyond noise"
+    assert "loss_vs_below" not in seeds["h1"] and seeds["h1"]["bleu_mean"] == 19.5
+
+
 def test_routing_family_lm_study_on_another_seed_reads_one_vocabulary(tmp_path):
     args = routing_family.arguments(["--regime", "lm", "--corpus", str(tmp_path), "--out",
                                      str(tmp_path / "out"), "--seed", "1", "--vocab",
