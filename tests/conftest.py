@@ -17,18 +17,30 @@ FAST_COMPILE = "--xla_backend_optimization_level=0"
 # suite: ~1,000 -> ~710 s of CPU on this 2-core machine). Only where this XLA still has the
 # flag: XLA aborts a process on a flag it does not know, so a probe process (~0.7 s) asks.
 LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+# XLA:CPU's code generation in one piece: by default it splits each program's LLVM module to
+# compile the parts on parallel threads, which on this 2-core machine, shared by three test
+# workers, costs more CPU than it saves (a Switch train step's process: 8.3 -> 6.8 s of CPU, the
+# mean of six alternating runs each; test_mesh_equivalence + test_pipeline: 100 -> 94 s, two
+# each). The same code results.
+ONE_CODEGEN_PART = "--xla_cpu_parallel_codegen_split_count=1"
 
 
-def _xla_knows(flag: str) -> bool:
+def _xla_knows(flags: str) -> bool:
     probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
-                           env={**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"},
+                           env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"},
                            capture_output=True, timeout=120)
     return probe.returncode == 0
 
 
-# (The xdist workers inherit the first process's XLA_FLAGS, and with them its answer.)
-if LEGACY_EMITTERS in os.environ.get("XLA_FLAGS", "") or _xla_knows(LEGACY_EMITTERS):
-    FAST_COMPILE += f" {LEGACY_EMITTERS}"
+# (The xdist workers inherit the first process's XLA_FLAGS, and with them its answer.) One probe
+# process asks for both flags; only where XLA refuses the pair is each asked alone.
+_OPTIONAL = (LEGACY_EMITTERS, ONE_CODEGEN_PART)
+if all(f in os.environ.get("XLA_FLAGS", "") for f in _OPTIONAL) or _xla_knows(
+        " ".join(_OPTIONAL)):
+    FAST_COMPILE += " " + " ".join(_OPTIONAL)
+else:
+    FAST_COMPILE += "".join(f" {f}" for f in _OPTIONAL
+                            if f in os.environ.get("XLA_FLAGS", "") or _xla_knows(f))
 _flags = os.environ.get("XLA_FLAGS", "").split()
 os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in FAST_COMPILE.split() if f not in _flags]
                                    + ["--xla_force_host_platform_device_count=8"])
