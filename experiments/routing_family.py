@@ -38,13 +38,16 @@ Runs through experiments/harness.py (the special starts are Run.before hooks): w
         --reuse runs/lm                     # then again with --report
 
 a decoder-only LM on the English prose corpus with configs/lm_cpu.py (the paper's recipe), its
-defaults (--steps 2400, --eval-every 200, --warmup 250, --eval-examples 2000) and one vocabulary;
-t5_cpu becomes dense_lm_cpu and switch_cpu_8 switch_lm_cpu_8. The runs: dense, top1 (the
-teacher), student, student_init, then dense_cont and upcycled (upcycled_raw, top2 and bias on
-request with --runs; ec does not apply: experts-choose routing reads later tokens). --reuse DIR
-takes dense and top1 from lm_claims' finished runs DIR/dense and DIR/switch_8 of the same recipe
-(out/<run> links there; neither trained nor evaluated here; the JSON's "reused" names them), the
-vocabulary with them; dense_half is then DIR/dense's checkpoint at --steps/2 where it kept one,
+defaults (--steps 2400, --eval-every 200, --warmup 250, --eval-examples 2000, the config's
+learning rate 0.01 unless --lr) and one vocabulary; t5_cpu becomes dense_lm_cpu and switch_cpu_8
+switch_lm_cpu_8. The runs: dense, top1 (the teacher), student, student_init, dense_long
+(distillation's fair baseline: dense continued on its own schedule to 2 x --steps, as many steps
+as teacher + student), then dense_cont and upcycled (upcycled_raw, top2 and bias on request with
+--runs; ec does not apply: experts-choose routing reads later tokens). --reuse DIR takes dense
+and top1 from lm_claims' finished runs DIR/dense and DIR/switch_8 of the same recipe (out/<run>
+links there; neither trained nor evaluated here; the JSON's "reused" names them), the
+vocabulary with them; --reuse dense=WORKDIR top1=WORKDIR names them one by one (e.g. the LR
+sweep's runs at 0.04, with --lr 0.04 --vocab that sweep's tokenizer); dense_half is then DIR/dense's checkpoint at --steps/2 where it kept one,
 else a dense run trained here to --steps/2 (in the seconds of the first continued run). Writes
 routing_family_lm.json and figures/routing_family_lm.png (in --out; docs/ with --publish). The
 upcycled LM is written as a switchzoo checkpoint (the Hugging Face format holds no decoder-only

@@ -270,6 +270,32 @@ def test_routing_family_lm_study_on_another_seed_reads_one_vocabulary(tmp_path):
     assert s.get("dense").model == "dense_lm_cpu" and s.steps == 2400
 
 
+def test_routing_family_lm_study_at_another_rate_reuses_named_workdirs(tmp_path):
+    """--lr reaches every run's flags (and so --seeds-from's recipe check); --reuse RUN=WORKDIR
+    names the runs that stand for dense and top1 (e.g. the LR sweep's); dense_long trains twice
+    the study's steps, continuing dense."""
+    args = routing_family.arguments([
+        "--regime", "lm", "--corpus", str(tmp_path), "--out", str(tmp_path / "out"),
+        "--lr", "0.04", "--reuse", f"dense={tmp_path / 'sweep' / 'dense_lr0.04'}",
+        f"top1={tmp_path / 'sweep' / 'switch_8_lr0.04'}"])
+    s = routing_family.study(args, None)
+    assert "--config.learning_rate=0.04" in s.flags
+    assert routing_family.reused_sources(args) == {
+        "dense": tmp_path / "sweep" / "dense_lr0.04", "top1": tmp_path / "sweep" / "switch_8_lr0.04"}
+    long = s.get("dense_long")
+    assert (long.steps, long.model, long.starts_from) == (4800, "dense_lm_cpu", "continues:dense")
+    assert "dense_long" in args.runs                      # one of the study's runs by default
+    lm_out = routing_family.arguments(["--regime", "lm", "--corpus", str(tmp_path), "--out",
+                                       str(tmp_path), "--seed", "1", "--reuse", "runs/lm"])
+    assert routing_family.reused_sources(lm_out) == {          # lm_claims' names, seed 1's
+        "dense": pathlib.Path("runs/lm/dense_s1"), "top1": pathlib.Path("runs/lm/switch_8_s1")}
+    bad = routing_family.arguments(["--regime", "lm", "--corpus", str(tmp_path), "--out",
+                                    str(tmp_path), "--reuse", "student=x"])
+    with pytest.raises(SystemExit, match="only dense and top1 can be reused"):
+        routing_family.reused_sources(bad)
+    assert routing_family.config_value(s, "learning_rate") == 0.01     # the config's own
+
+
 def test_a_result_goes_beside_its_runs_and_replaces_the_published_one_only_when_asked(tmp_path):
     docs, out = tmp_path / "docs", tmp_path / "runs"
     (docs / "figures").mkdir(parents=True)
