@@ -18,9 +18,9 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
                                   the encoder's router: one change each to switch_8 (router
                                   z-loss 0.001, router updates x10, no jitter, the encoder's
                                   Switch layer first); trained only when named in --runs
-    dense_lrR, switch_8_nojitter_lrR (_s1)
+    dense_lrR, switch_8_nojitter_lrR (_s1, _s2)
                                   dense and no-jitter Switch-8 at rate R (0.02, 0.04; the
-                                  recipe's is 0.01), seeds 0 and 1; only when named in --runs
+                                  recipe's is 0.01), seeds 0, 1 and 2; only when named in --runs
 
 32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
 encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
@@ -77,7 +77,7 @@ def rated(rate: float, seed: int = 0) -> list[Run]:
                 seed=seed, baseline="dense" + tail)]
 
 
-RATES = [r for rate in RATE_GRID for seed in (0, 1) for r in rated(rate, seed)]
+RATES = [r for rate in RATE_GRID for seed in (0, 1, 2) for r in rated(rate, seed)]
 BATCH, INPUTS, TARGETS = 32, 128, 29
 
 
