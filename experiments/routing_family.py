@@ -47,8 +47,9 @@ as teacher + student), then dense_cont and upcycled (upcycled_raw, top2 and bias
 and top1 from lm_claims' finished runs DIR/dense and DIR/switch_8 of the same recipe (out/<run>
 links there; neither trained nor evaluated here; the JSON's "reused" names them), the
 vocabulary with them; --reuse dense=WORKDIR top1=WORKDIR names them one by one (e.g. the LR
-sweep's runs at 0.04, with --lr 0.04 --vocab that sweep's tokenizer); dense_half is then DIR/dense's checkpoint at --steps/2 where it kept one,
-else a dense run trained here to --steps/2 (in the seconds of the first continued run). Writes
+sweep's runs at 0.04, with --lr 0.04 --vocab that sweep's tokenizer); dense_half is then
+DIR/dense's checkpoint at --steps/2 where it kept one, else a dense run trained here to
+--steps/2 (in the seconds of the first continued run). Writes
 routing_family_lm.json and figures/routing_family_lm.png (in --out; docs/ with --publish). The
 upcycled LM is written as a switchzoo checkpoint (the Hugging Face format holds no decoder-only
 model), which init_from reads as it reads a run.
