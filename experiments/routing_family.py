@@ -310,14 +310,17 @@ PANELS = {"(a) routers at capacity factor 1.25": ["top1", "top2", "ec", "ec_cf2"
 
 def plot(result: dict, path: pathlib.Path) -> None:
     """One panel per question the study asked (two or more of its runs ran); the continued runs
-    drawn from the dense run's step they start at."""
+    drawn from the dense run's step they start at, the students from the teacher's last step
+    (the steps their weights have trained, which dense_long's curve counts alike)."""
     panels = {title: names for title, names in PANELS.items()       # questions the study ran
               if sum(n in result["runs"] for n in names) > 1}
+    offsets = {n: result["steps"] // 2 if r["starts_from"] in CONTINUED else result["steps"]
+               for n, r in result["runs"].items()
+               if r["starts_from"] in CONTINUED or str(r["starts_from"]).startswith("teacher:")}
     harness.plot_curves(result, path, panels,
                         ylabel="held-out loss (nats per target token, lower is better)",
-                        offsets={n: result["steps"] // 2 for n, r in result["runs"].items()
-                                 if r["starts_from"] in CONTINUED},
-                        xlabel="training step (continuations: from the dense run's step)")
+                        offsets=offsets, xlabel="training step (continuations from the dense "
+                        "run's step, students from the teacher's last)")
 
 
 def markdown(result: dict) -> str:
