@@ -78,6 +78,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import harness  # noqa: E402
 import lm_claims  # noqa: E402
+import reuse  # noqa: E402
 import switch_vs_dense as svd  # noqa: E402
 import verdicts  # noqa: E402
 from harness import Run  # noqa: E402
@@ -163,7 +164,6 @@ DENSE_LONG = Run("dense_long", "t5_cpu", before=lm_claims.continues("dense"),
                  starts_from="continues:dense")
 LM_RUNS = [dataclasses.replace(r, model=LM_MODELS[r.model]) for n in LM
            for r in [*RUNS, DENSE_LONG] if r.name == n]
-REUSED = {"dense": "dense", "top1": "switch_8"}     # run -> lm_claims' run of the same recipe
 REGIMES = {"span": dict(runs=RUNS, main=[r.name for r in RUNS], name="routing_family",
                         steps=1000, eval_every=125, eval_examples=500),
            "lm": dict(runs=LM_RUNS, main=LM[:7], name="routing_family_lm",       # lm_claims'
@@ -187,58 +187,6 @@ def study(args, docs: pathlib.Path | None) -> harness.Study:
             title="The routing family and model surgery, decoder-only LM on English prose")
     return svd.span_study(args, args.name, runs, docs,
                           title="The routing family and model surgery, span corruption")
-
-
-def reused_sources(args) -> dict[str, pathlib.Path]:
-    """run -> the finished workdir that stands for it: --reuse DIR (lm_claims' --out: its dense
-    and switch_8, with _sSEED on another seed) and/or RUN=WORKDIR pairs (e.g. the LR sweep's)."""
-    sources = {}
-    for item in args.reuse or []:
-        name, eq, path = item.partition("=")
-        if not eq:
-            suffix = f"_s{args.seed}" if args.seed else ""       # lm_claims' names its seeds so
-            sources.update({run: pathlib.Path(item) / (source + suffix)
-                            for run, source in REUSED.items()})
-        elif name not in REUSED:
-            sys.exit(f"error: --reuse {item}: only {' and '.join(REUSED)} can be reused "
-                     "(RUN=WORKDIR)")
-        else:
-            sources[name] = pathlib.Path(path)
-    return sources
-
-
-def config_value(study: harness.Study, key: str):
-    """The study's config file's value of ``key`` (no flag given)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("_study_config", ROOT / study.config)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()[key]
-
-
-def link_reused(study: harness.Study, args) -> None:
-    """out/<run> -> its reused workdir (reused_sources) for each not here yet; it must be
-    finished under the study's recipe, its curve standing for the run's."""
-    corpus = args.corpus.resolve()
-    for name, there in reused_sources(args).items():
-        run, link, there = study.get(name), args.out / name, there.resolve()
-        if link.exists() or link.is_symlink():
-            continue
-        c = json.loads((there / "config.json").read_text()) if (
-            there / "config.json").is_file() else {}
-        got = [c.get(k) for k in ("model", "seed", "num_train_steps", "eval_every_steps",
-                                  "warmup_steps", "learning_rate")] + [
-            c.get("data", {}).get(k) for k in ("train_files", "eval_files", "max_eval_examples")]
-        lr = args.lr if args.lr is not None else config_value(study, "learning_rate")
-        want = [run.model, run.seed, study.steps, study.eval_every, args.warmup, lr,
-                str(corpus / "train.txt"), str(corpus / "eval.txt"), args.eval_examples]
-        if got != want or not harness.finished(
-                study, dataclasses.replace(run, name=there.name), there.parent):
-            sys.exit(f"--reuse: {there} is not a finished run of {want} (model, seed, steps, "
-                     f"eval every, warm-up, learning rate, train, eval files, eval examples): "
-                     f"it has {got}")
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(there, target_is_directory=True)
 
 
 def findings(result: dict, others: Sequence[dict] = ()) -> dict:
@@ -394,7 +342,7 @@ def main(argv=None) -> int:
     others = verdicts.seeds_from(args.seeds_from, args.seed, s)                # checked before anything trains
     if not args.report:
         if lm and args.reuse:
-            link_reused(s, args)
+            reuse.link(s, args)
         harness.run(s, args.out, only=args.runs)
     reused = {r.name: (args.out / r.name).resolve() for r in s.runs
               if (args.out / r.name).is_symlink()}

@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import harness  # noqa: E402
 import lm_claims  # noqa: E402
 import rejudge  # noqa: E402
+import reuse  # noqa: E402
 import routing_family  # noqa: E402
 import verdicts  # noqa: E402
 from switchzoo import noise  # noqa: E402
@@ -280,20 +281,20 @@ def test_routing_family_lm_study_at_another_rate_reuses_named_workdirs(tmp_path)
         f"top1={tmp_path / 'sweep' / 'switch_8_lr0.04'}"])
     s = routing_family.study(args, None)
     assert "--config.learning_rate=0.04" in s.flags
-    assert routing_family.reused_sources(args) == {
+    assert reuse.sources(args) == {
         "dense": tmp_path / "sweep" / "dense_lr0.04", "top1": tmp_path / "sweep" / "switch_8_lr0.04"}
     long = s.get("dense_long")
     assert (long.steps, long.model, long.starts_from) == (4800, "dense_lm_cpu", "continues:dense")
     assert "dense_long" in args.runs                      # one of the study's runs by default
     lm_out = routing_family.arguments(["--regime", "lm", "--corpus", str(tmp_path), "--out",
                                        str(tmp_path), "--seed", "1", "--reuse", "runs/lm"])
-    assert routing_family.reused_sources(lm_out) == {          # lm_claims' names, seed 1's
+    assert reuse.sources(lm_out) == {          # lm_claims' names, seed 1's
         "dense": pathlib.Path("runs/lm/dense_s1"), "top1": pathlib.Path("runs/lm/switch_8_s1")}
     bad = routing_family.arguments(["--regime", "lm", "--corpus", str(tmp_path), "--out",
                                     str(tmp_path), "--reuse", "student=x"])
     with pytest.raises(SystemExit, match="only dense and top1 can be reused"):
-        routing_family.reused_sources(bad)
-    assert routing_family.config_value(s, "learning_rate") == 0.01     # the config's own
+        reuse.sources(bad)
+    assert reuse.config_value(s, "learning_rate") == 0.01     # the config's own
 
 
 def test_a_result_goes_beside_its_runs_and_replaces_the_published_one_only_when_asked(tmp_path):
