@@ -192,6 +192,14 @@ def claims(result: dict) -> dict:
             c = verdicts.compare(result, k1, k2, ref)
             top2[capacity] = {**c, "dropped_fraction_train": {
                 k2: verdicts.dropped(runs[k2]), k1: verdicts.dropped(runs[k1])}}
+    rows = [n for n in ("switch_8_cf1.0", "top2_8_cf1.0", "switch_8", "top2_8", "switch_8_cf2.0",
+                        "top2_8_cf2.0") if n in runs]
+    if "dense" in runs and len(rows) > 1:
+        vs = {n: verdicts.compare(result, n, "dense", ref) for n in rows}
+        out["switch_beats_dense_every_capacity"] = {
+            "goal": "every Table 1 row (top-1 and top-2 at each capacity factor) ends below "
+                    "dense, beyond noise", "by_row": vs,
+            "holds": all(c["better"] and c["beyond_noise"] for c in vs.values())}
     if top2:
         out["top1_beats_top2"] = {
             "goal": "top-1 ends below top-2 at the same capacity factor (Table 1; the same "

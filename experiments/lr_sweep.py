@@ -1,6 +1,6 @@
 """Each model at its own best learning rate: dense and Switch-8 on a log grid of rates, and
 T5's literal schedule shape, at the LM study's budget (issue 35, step 1); then the LM study's
-headline questions at each model's best rate (``at_best``).
+headline questions at each model's best rate (``at_best``), and Switch Table 1's rows there.
 
     python experiments/lr_sweep.py --out runs/lr_sweep --corpus runs/corpus [--runs NAMES]
     python experiments/lr_sweep.py --out runs/lr_sweep --corpus runs/corpus --report [--publish]
@@ -36,6 +36,11 @@ from harness import Run  # noqa: E402
 
 MODELS = {"dense": "dense_lm_cpu", "switch_8": "switch_lm_cpu_8"}
 RUNGS = {"switch_16": "switch_lm_cpu_16", "switch_32": "switch_lm_cpu_32"}   # Figure 4's
+# Switch Table 1's rows (lm_claims' names): top-1 / top-2 at capacity factors 1.0, 1.25, 2.0
+# (top-1 at 1.25 is switch_8 itself), Switch-8's model with the row's flags
+TABLE1 = {"top2_8": lm_claims.TOP2, "switch_8_cf1.0": lm_claims.cf(1.0),
+          "top2_8_cf1.0": lm_claims.TOP2 + lm_claims.cf(1.0), "switch_8_cf2.0": lm_claims.cf(2.0),
+          "top2_8_cf2.0": lm_claims.TOP2 + lm_claims.cf(2.0)}
 RATES = (0.005, 0.01, 0.02, 0.04, 0.08)
 SEEDS = (0, 1)
 
@@ -69,10 +74,13 @@ def at_best(best: dict) -> list[Run]:
     out = [Run(name(m, best[m], seed=s), model, (f"--config.learning_rate={best[m]:g}",),
                seed=s, baseline=None if m == "dense" else dense(s))
            for m, model in MODELS.items() for s in SEEDS[1:]]
-    return out + [Run(name(m, best["switch_8"], seed=s), model,
-                      (f"--config.learning_rate={best['switch_8']:g}",), seed=s,
-                      baseline=dense(s))
-                  for m, model in RUNGS.items() for s in SEEDS]
+    rate = (f"--config.learning_rate={best['switch_8']:g}",)
+    out += [Run(name(m, best["switch_8"], seed=s), model, rate, seed=s, baseline=dense(s))
+            for m, model in RUNGS.items() for s in SEEDS]
+    # Table 1's rows, seed 0 of every row before any seed 1
+    return out + [Run(name(m, best["switch_8"], seed=s), MODELS["switch_8"], rate + flags,
+                      seed=s, baseline=dense(s))
+                  for s in SEEDS for m, flags in TABLE1.items()]
 
 
 def names(rates) -> set[str]:
@@ -80,7 +88,8 @@ def names(rates) -> set[str]:
     the seed and expert-count runs of at_best (which of those trains follows the report's best
     rates)."""
     return ({name(m, r, const) for m in MODELS for r in rates for const in (False, True)}
-            | {name(m, r, seed=s) for m in (*MODELS, *RUNGS) for r in rates for s in SEEDS})
+            | {name(m, r, seed=s) for m in (*MODELS, *RUNGS, *TABLE1) for r in rates
+               for s in SEEDS})
 
 
 def final(result: dict, run: str) -> float | None:
@@ -110,10 +119,10 @@ def at_best_claims(result: dict, best: dict) -> dict:
     noise, Figure 4's doubling of experts) over the runs at each model's best rate: lm_claims'
     run names, each mapped onto this sweep's run (``runs`` in the answer says which)."""
     rate = {m: best[m]["rate"] for m in MODELS}
-    rate.update({m: rate["switch_8"] for m in RUNGS})
+    rate.update({m: rate["switch_8"] for m in (*RUNGS, *TABLE1)})
     key = lambda m, s: m if s == 0 else f"{m}_s{s}"   # noqa: E731  (lm_claims' run names)
     names, mapped = {}, {}
-    for m in (*MODELS, *RUNGS):
+    for m in (*MODELS, *RUNGS, *TABLE1):
         for s in SEEDS:
             run = result["runs"].get(name(m, rate[m], seed=s))
             if run and run["finished"]:
@@ -140,7 +149,8 @@ def main(argv=None) -> int:
                    "share the sweep, e.g. lm_claims' runs/lm/dense/tokenizer.model)")
     p.add_argument("--runs", nargs="+", help="train only these (default: every unfinished "
                    "grid run, then at the best rates the constant-schedule runs and the "
-                   "seed-1 pair and 16/32-expert rungs on two seeds: six runs more)")
+                   "seed-1 pair, the 16/32-expert rungs and Switch Table 1's rows on two "
+                   "seeds: sixteen runs more)")
     p.add_argument("--report", action="store_true", help="only collect what has run")
     harness.publish_argument(p)
     args = p.parse_args(argv)
@@ -166,7 +176,8 @@ def main(argv=None) -> int:
     if unknown:
         print(f"error: --runs {unknown}: not runs of this sweep (names: MODEL_lrRATE, "
               "MODEL_lrRATE_const or MODEL_lrRATE_s1, MODEL dense or switch_8, or switch_16 / "
-              "switch_32 without _const; RATE one of --rates)",
+              "switch_32 or a Table 1 row (top2_8, switch_8_cf1.0, top2_8_cf1.0, switch_8_cf2.0, "
+              "top2_8_cf2.0) without _const; RATE one of --rates)",
               file=sys.stderr)
         return 2
     wanted = lambda names: [n for n in names if not args.runs or n in args.runs]  # noqa: E731

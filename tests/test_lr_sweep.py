@@ -102,3 +102,42 @@ def test_the_headline_questions_at_each_models_best_rate():
     noise = claims["switch_8_beyond_noise"]              # gaps 0.1 and 0.15, paired by seed
     assert noise["gaps"] == [0.1, 0.15] and noise["noise_from"] == "paired" and noise["holds"]
     assert "more_experts_help" in claims and claims["more_experts_help"]["holds"]
+
+
+def test_table1_rows_at_switch_8s_best_rate():
+    """Switch Table 1's rows train at Switch-8's best rate on both seeds (seed 0 of every row
+    first), each against dense of its own seed; their orderings are read like for like."""
+    order = [r.name for r in lr_sweep.runs((0.02, 0.04), 2400, {"dense": 0.04,
+                                                                 "switch_8": 0.02})]
+    rows = [n for n in order if n.startswith(("top2", "switch_8_cf"))]
+    assert rows[:5] == ["top2_8_lr0.02", "switch_8_cf1.0_lr0.02", "top2_8_cf1.0_lr0.02",
+                        "switch_8_cf2.0_lr0.02", "top2_8_cf2.0_lr0.02"]
+    assert rows[5:] == [n + "_s1" for n in rows[:5]]
+    runs = {r.name: r for r in lr_sweep.runs((0.02, 0.04), 2400, {"dense": 0.04,
+                                                                   "switch_8": 0.02})}
+    top2 = runs["top2_8_cf2.0_lr0.02_s1"]
+    assert (top2.model, top2.seed, top2.baseline) == ("switch_lm_cpu_8", 1, "dense_lr0.04_s1")
+    assert top2.flags == ("--config.learning_rate=0.02", "--config.moe.top_k=2",
+                          "--config.moe.train_capacity_factor=2.0")
+    assert {"top2_8_lr0.04_s1", "switch_8_cf1.0_lr0.02"} <= lr_sweep.names((0.02, 0.04))
+
+    def run(flags, loss, seed):
+        return {"model": "switch_lm_cpu_8" if flags else "dense_lm_cpu",
+                "flags": ["--config.learning_rate=0.04", *flags], "seed": seed,
+                "train_steps": 400, "starts_from": None, "finished": True, "steps": [200, 400],
+                "eval_loss": [9.0, loss], "final_eval_loss": loss,
+                "fraction_of_baseline_steps": None}
+    moe = ["--config.moe.top_k=2"]
+    result = {"runs": {"dense_lr0.04": run([], 4.0, 0), "dense_lr0.04_s1": run([], 4.1, 1),
+                       "switch_8_lr0.04": run(["x"], 3.9, 0),
+                       "switch_8_lr0.04_s1": run(["x"], 4.0, 1),
+                       "top2_8_lr0.04": run(["x", *moe], 3.92, 0),
+                       "top2_8_lr0.04_s1": run(["x", *moe], 3.99, 1)}}
+    claims = lr_sweep.at_best_claims(result, {"dense": {"rate": 0.04},
+                                              "switch_8": {"rate": 0.04}})
+    assert claims["runs"]["top2_8_s1"] == "top2_8_lr0.04_s1"
+    pair = claims["top1_beats_top2"]["by_capacity"]["1.25"]   # gaps +0.02 and -0.01
+    assert pair["seeds"] == [0, 1] and pair["gaps"] == [0.02, -0.01]
+    assert pair["noise_from"] == "paired" and not pair["beyond_noise"]
+    every = claims["switch_beats_dense_every_capacity"]
+    assert set(every["by_row"]) == {"switch_8", "top2_8"} and every["holds"]
