@@ -1,6 +1,7 @@
 """Each model at its own best learning rate: dense and Switch-8 on a log grid of rates, and
 T5's literal schedule shape, at the LM study's budget (issue 35, step 1); then the LM study's
-headline questions at each model's best rate (``at_best``), and Switch Table 1's rows there.
+headline questions at each model's best rate (``at_best``), Switch Table 1's rows there, and
+the pair continued to twice the steps (``_long``).
 
     python experiments/lr_sweep.py --out runs/lr_sweep --corpus runs/corpus [--runs NAMES]
     python experiments/lr_sweep.py --out runs/lr_sweep --corpus runs/corpus --report [--publish]
@@ -62,10 +63,10 @@ def runs(rates, steps: int, best: dict | None = None) -> list[Run]:
                             f"--config.warmup_steps={steps}"),
                            baseline=None if m == "dense" else name("dense", best["dense"], True)
                            if "dense" in best else None))
-    return out + at_best(best) if best and set(MODELS) <= set(best) else out
+    return out + at_best(best, steps) if best and set(MODELS) <= set(best) else out
 
 
-def at_best(best: dict) -> list[Run]:
+def at_best(best: dict, steps: int) -> list[Run]:
     """The headline questions again at each model's best rate and schedule (the grid's, which
     decays): a second seed of the pair, and Figure 4's rungs (16 and 32 experts, at Switch-8's
     best rate: a Switch model's rate is the router's and the dense layers', which the expert
@@ -78,9 +79,20 @@ def at_best(best: dict) -> list[Run]:
     out += [Run(name(m, best["switch_8"], seed=s), model, rate, seed=s, baseline=dense(s))
             for m, model in RUNGS.items() for s in SEEDS]
     # Table 1's rows, seed 0 of every row before any seed 1
-    return out + [Run(name(m, best["switch_8"], seed=s), MODELS["switch_8"], rate + flags,
-                      seed=s, baseline=dense(s))
-                  for s in SEEDS for m, flags in TABLE1.items()]
+    out += [Run(name(m, best["switch_8"], seed=s), MODELS["switch_8"], rate + flags,
+                seed=s, baseline=dense(s))
+            for s in SEEDS for m, flags in TABLE1.items()]
+    # twice the budget (seed 0): each best-rate run continued (lm_claims' dense_long and
+    # switch_8_long; resume is bitwise and the schedule ignores the total, so this is the
+    # longer run from scratch)
+    return out + [Run(long(m, best[m]), model, (f"--config.learning_rate={best[m]:g}",),
+                      steps=2 * steps, baseline=long("dense", best["dense"]),
+                      before=lm_claims.continues(name(m, best[m])))
+                  for m, model in MODELS.items()]
+
+
+def long(model: str, rate: float) -> str:
+    return name(model, rate) + "_long"
 
 
 def names(rates) -> set[str]:
@@ -89,7 +101,7 @@ def names(rates) -> set[str]:
     rates)."""
     return ({name(m, r, const) for m in MODELS for r in rates for const in (False, True)}
             | {name(m, r, seed=s) for m in (*MODELS, *RUNGS, *TABLE1) for r in rates
-               for s in SEEDS})
+               for s in SEEDS} | {long(m, r) for m in MODELS for r in rates})
 
 
 def final(result: dict, run: str) -> float | None:
@@ -131,6 +143,12 @@ def at_best_claims(result: dict, best: dict) -> dict:
                 # recorded baseline is dense at the Switch run's rate)
                 mapped[key(m, s)] = {**run, "baseline": key("dense", s),
                                      "fraction_of_baseline_steps": None}
+    for m in MODELS:
+        run = result["runs"].get(long(m, rate[m]))
+        if run and run["finished"]:
+            names[m + "_long"] = long(m, rate[m])
+            mapped[m + "_long"] = {**run, "baseline": "dense_long",
+                                   "fraction_of_baseline_steps": None}
     verdicts.against_baselines(mapped)
     return {"runs": names, **lm_claims.claims({**result, "runs": mapped})}
 
@@ -150,7 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", nargs="+", help="train only these (default: every unfinished "
                    "grid run, then at the best rates the constant-schedule runs and the "
                    "seed-1 pair, the 16/32-expert rungs and Switch Table 1's rows on two "
-                   "seeds: sixteen runs more)")
+                   "seeds, and the pair continued to twice the steps: eighteen runs more)")
     p.add_argument("--report", action="store_true", help="only collect what has run")
     harness.publish_argument(p)
     args = p.parse_args(argv)
@@ -175,7 +193,8 @@ def main(argv=None) -> int:
     unknown = sorted(set(args.runs or ()) - names(rates))
     if unknown:
         print(f"error: --runs {unknown}: not runs of this sweep (names: MODEL_lrRATE, "
-              "MODEL_lrRATE_const or MODEL_lrRATE_s1, MODEL dense or switch_8, or switch_16 / "
+              "MODEL_lrRATE_const, MODEL_lrRATE_long or MODEL_lrRATE_s1, MODEL dense or "
+              "switch_8, or switch_16 / "
               "switch_32 or a Table 1 row (top2_8, switch_8_cf1.0, top2_8_cf1.0, switch_8_cf2.0, "
               "top2_8_cf2.0) without _const; RATE one of --rates)",
               file=sys.stderr)

@@ -141,3 +141,32 @@ def test_table1_rows_at_switch_8s_best_rate():
     assert pair["noise_from"] == "paired" and not pair["beyond_noise"]
     every = claims["switch_beats_dense_every_capacity"]
     assert set(every["by_row"]) == {"switch_8", "top2_8"} and every["holds"]
+
+
+def test_the_pair_continued_to_twice_the_budget():
+    """dense and Switch-8 at their best rates continue to twice the steps (lm_claims' dense_long
+    and switch_8_long), the Switch run against the continued dense."""
+    runs = {r.name: r for r in lr_sweep.runs((0.02, 0.04), 2400, {"dense": 0.04,
+                                                                   "switch_8": 0.02})}
+    sw = runs["switch_8_lr0.02_long"]
+    assert (sw.steps, sw.baseline, sw.flags) == (4800, "dense_lr0.04_long",
+                                                 ("--config.learning_rate=0.02",))
+    assert runs["dense_lr0.04_long"].before is not None
+    assert "switch_8_lr0.04_long" in lr_sweep.names((0.04,))
+
+    def run(model, losses, steps=(200, 400)):
+        return {"model": model, "flags": [], "seed": 0, "train_steps": steps[-1],
+                "starts_from": None, "finished": True, "steps": list(steps),
+                "eval_loss": losses, "final_eval_loss": losses[-1],
+                "fraction_of_baseline_steps": None}
+    result = {"runs": {"dense_lr0.04": run("dense_lm_cpu", [5.0, 4.0]),
+                       "switch_8_lr0.04": run("switch_lm_cpu_8", [4.5, 3.9]),
+                       "dense_lr0.04_long": run("dense_lm_cpu", [5.0, 4.0, 3.6, 3.5],
+                                                (200, 400, 600, 800)),
+                       "switch_8_lr0.04_long": run("switch_lm_cpu_8", [4.5, 3.9, 3.5, 3.4],
+                                                   (200, 400, 600, 800))}}
+    claims = lr_sweep.at_best_claims(result, {"dense": {"rate": 0.04},
+                                              "switch_8": {"rate": 0.04}})
+    long = claims["switch_8_speedup_long"]          # dense's 3.5 reached at step 600 of 800
+    assert long["fraction_of_dense_steps"] == 0.75 and long["gap"] == 0.1
+    assert claims["runs"]["switch_8_long"] == "switch_8_lr0.04_long"
