@@ -305,6 +305,9 @@ def write(result: dict, out: pathlib.Path, plot: Callable | None = None, publish
     log(f"wrote {path}" + ("" if publish else
                            f" (docs/{result['study']}.json is left as it is; --publish "
                            "replaces it)"))
+    if publish and path.parent.resolve() == docs.resolve():
+        import orderings                  # the table of every published verdict, kept fresh
+        log(f"wrote {orderings.write(docs)}")
     return path
 
 

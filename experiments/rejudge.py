@@ -63,6 +63,9 @@ def main(argv=None) -> int:
         if args.publish:
             path.write_text(json.dumps(result, indent=1) + "\n")
             print(f"wrote {path}")
+    if args.publish:
+        import orderings                  # the table of every published verdict
+        print(f"wrote {orderings.write()}")
     return 0
 
 

@@ -317,6 +317,7 @@ def test_a_result_goes_beside_its_runs_and_replaces_the_published_one_only_when_
     assert harness.write(result, out, plot, publish=True, docs=docs, log=lines.append) == published
     assert json.loads(published.read_text()) == result
     assert (docs / "figures" / "study.png").is_file()
+    assert "0 orderings" in (docs / "orderings.md").read_text()   # rewritten on publishing
 
 
 def test_span_router_effects_compare_each_change_with_switch_8_and_dense():
