@@ -157,7 +157,9 @@ def claims(result: dict) -> dict:
         out["switch_8_speedup"] = {
             "goal": "switch_8 reaches dense's final held-out loss in <= 2/3 of dense's steps",
             "fraction_of_dense_steps": fractions,
-            "holds": all(f is not None and f <= 2 / 3 for f in fractions)}
+            "holds": all(f is not None and f <= 2 / 3 for f in fractions),
+            # the same fraction at every budget up to the run's (dense's loss at each step)
+            "by_budget": {s: verdicts.fraction_by_budget(runs[s], runs[d]) for s, d in pairs}}
         c = verdicts.compare(result, "switch_8", "dense", ref)
         out["switch_8_beyond_noise"] = {
             "goal": "switch_8 ends below dense, beyond seed noise (the noise rule)", **c,
@@ -169,6 +171,7 @@ def claims(result: dict) -> dict:
                     "dense's steps (one seed)",
             "fraction_of_dense_steps": long["fraction_of_baseline_steps"],
             "gap": round(runs["dense_long"]["final_eval_loss"] - long["final_eval_loss"], 4),
+            "by_budget": verdicts.fraction_by_budget(long, runs["dense_long"]),
             "holds": (long["fraction_of_baseline_steps"] is not None
                       and long["fraction_of_baseline_steps"] <= 2 / 3)}
     series = [n for n in ("dense", "switch_8", "switch_16", "switch_32") if n in runs]

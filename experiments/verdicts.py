@@ -46,6 +46,18 @@ def against_baselines(runs: dict[str, dict]) -> None:
         s["eval_loss_minus_baseline"] = round(s["final_eval_loss"] - base["final_eval_loss"], 4)
 
 
+def fraction_by_budget(run: dict, baseline: dict) -> list[list]:
+    """At each of the baseline's evaluations (step s, loss l): [s, the step at which ``run``
+    reaches l over s], rounded to 3 decimals (None where it never does). How the speed-up
+    fraction moves as the budget grows; its last entry is against_baselines' fraction."""
+    curve = list(zip(run["steps"], run["eval_loss"]))
+    out = []
+    for step, loss in zip(baseline["steps"], baseline["eval_loss"]):
+        reached = reach_step(curve, loss)
+        out.append([step, None if reached is None else round(reached / step, 3)])
+    return out
+
+
 def _setup(run: dict) -> tuple:
     """What a run trains, but its seed (and its baseline, which names the seed's own dense)."""
     return run["model"], tuple(run.get("flags", ())), run.get("train_steps"), run.get(

@@ -169,4 +169,7 @@ def test_the_pair_continued_to_twice_the_budget():
                                               "switch_8": {"rate": 0.04}})
     long = claims["switch_8_speedup_long"]          # dense's 3.5 reached at step 600 of 800
     assert long["fraction_of_dense_steps"] == 0.75 and long["gap"] == 0.1
+    # dense's 5.0 at 200 is reached by the first evaluation (1.0); its 4.0 at 400 at
+    # 200 + 0.5/0.6 x 200 = 366.7; 3.6 at 600 at 400 + 0.3/0.4 x 200 = 550; 3.5 at 800 at 600
+    assert long["by_budget"] == [[200, 1.0], [400, 0.917], [600, 0.917], [800, 0.75]]
     assert claims["runs"]["switch_8_long"] == "switch_8_lr0.04_long"
