@@ -231,8 +231,16 @@ def main(argv=None) -> int:
         done = [n for n, r in res["runs"].items() if r["finished"]]
         panels = {f"learning rate sweep, {args.steps} steps": [n for n in done if n in grid_names]}
         if "at_best" in res:
+            mapped = res["at_best"]["runs"]        # lm_claims' name -> this sweep's run
+            rows = {mapped[k] for k in mapped if k.removesuffix("_s1") in TABLE1}
+            longs = {mapped[k] for k in mapped if k.endswith("_long")}
             panels["at each model's best rate: seeds, experts, constant schedule"] = [
-                n for n in done if n in res["at_best"]["runs"].values() or "_const" in n]
+                n for n in done if (n in mapped.values() or "_const" in n)
+                and n not in rows | longs]
+            pair = [mapped[k] for k in ("dense", "switch_8", "dense_s1", "switch_8_s1")
+                    if k in mapped]
+            panels["Switch Table 1's rows at Switch-8's best rate"] = pair + sorted(rows)
+            panels["twice the budget (continued)"] = pair[:2] + sorted(longs)
         harness.plot_curves(res, path, panels)
     harness.write(result, args.out, plot, publish=args.publish)
     print(json.dumps({"best": result["best"], "switch_minus_dense":
