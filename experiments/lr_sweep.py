@@ -82,17 +82,17 @@ def at_best(best: dict, steps: int) -> list[Run]:
     out += [Run(name(m, best["switch_8"], seed=s), MODELS["switch_8"], rate + flags,
                 seed=s, baseline=dense(s))
             for s in SEEDS for m, flags in TABLE1.items()]
-    # twice the budget (seed 0): each best-rate run continued (lm_claims' dense_long and
-    # switch_8_long; resume is bitwise and the schedule ignores the total, so this is the
-    # longer run from scratch)
-    return out + [Run(long(m, best[m]), model, (f"--config.learning_rate={best[m]:g}",),
-                      steps=2 * steps, baseline=long("dense", best["dense"]),
-                      before=lm_claims.continues(name(m, best[m])))
-                  for m, model in MODELS.items()]
+    # twice the budget: each best-rate run continued (lm_claims' dense_long and switch_8_long;
+    # resume is bitwise and the schedule ignores the total, so this is the longer run from
+    # scratch), seed 0 of both before seed 1
+    return out + [Run(long(m, best[m], s), model, (f"--config.learning_rate={best[m]:g}",),
+                      seed=s, steps=2 * steps, baseline=long("dense", best["dense"], s),
+                      before=lm_claims.continues(name(m, best[m], seed=s)))
+                  for s in SEEDS for m, model in MODELS.items()]
 
 
-def long(model: str, rate: float) -> str:
-    return name(model, rate) + "_long"
+def long(model: str, rate: float, seed: int = 0) -> str:
+    return name(model, rate) + "_long" + (f"_s{seed}" if seed else "")
 
 
 def names(rates) -> set[str]:
@@ -101,7 +101,7 @@ def names(rates) -> set[str]:
     rates)."""
     return ({name(m, r, const) for m in MODELS for r in rates for const in (False, True)}
             | {name(m, r, seed=s) for m in (*MODELS, *RUNGS, *TABLE1) for r in rates
-               for s in SEEDS} | {long(m, r) for m in MODELS for r in rates})
+               for s in SEEDS} | {long(m, r, s) for m in MODELS for r in rates for s in SEEDS})
 
 
 def final(result: dict, run: str) -> float | None:
@@ -144,11 +144,12 @@ def at_best_claims(result: dict, best: dict) -> dict:
                 mapped[key(m, s)] = {**run, "baseline": key("dense", s),
                                      "fraction_of_baseline_steps": None}
     for m in MODELS:
-        run = result["runs"].get(long(m, rate[m]))
-        if run and run["finished"]:
-            names[m + "_long"] = long(m, rate[m])
-            mapped[m + "_long"] = {**run, "baseline": "dense_long",
-                                   "fraction_of_baseline_steps": None}
+        for s in SEEDS:
+            run = result["runs"].get(long(m, rate[m], s))
+            if run and run["finished"]:
+                names[key(m + "_long", s)] = long(m, rate[m], s)
+                mapped[key(m + "_long", s)] = {**run, "baseline": key("dense_long", s),
+                                               "fraction_of_baseline_steps": None}
     verdicts.against_baselines(mapped)
     return {"runs": names, **lm_claims.claims({**result, "runs": mapped})}
 
@@ -233,14 +234,14 @@ def main(argv=None) -> int:
         if "at_best" in res:
             mapped = res["at_best"]["runs"]        # lm_claims' name -> this sweep's run
             rows = {mapped[k] for k in mapped if k.removesuffix("_s1") in TABLE1}
-            longs = {mapped[k] for k in mapped if k.endswith("_long")}
+            longs = {mapped[k] for k in mapped if "_long" in k}
             panels["at each model's best rate: seeds, experts, constant schedule"] = [
                 n for n in done if (n in mapped.values() or "_const" in n)
                 and n not in rows | longs]
             pair = [mapped[k] for k in ("dense", "switch_8", "dense_s1", "switch_8_s1")
                     if k in mapped]
             panels["Switch Table 1's rows at Switch-8's best rate"] = pair + sorted(rows)
-            panels["twice the budget (continued)"] = pair[:2] + sorted(longs)
+            panels["twice the budget (continued)"] = pair + sorted(longs)
         harness.plot_curves(res, path, panels)
     harness.write(result, args.out, plot, publish=args.publish)
     print(json.dumps({"best": result["best"], "switch_minus_dense":

@@ -144,32 +144,42 @@ def test_table1_rows_at_switch_8s_best_rate():
 
 
 def test_the_pair_continued_to_twice_the_budget():
-    """dense and Switch-8 at their best rates continue to twice the steps (lm_claims' dense_long
-    and switch_8_long), the Switch run against the continued dense."""
+    """dense and Switch-8 at their best rates continue to twice the steps on both seeds
+    (lm_claims' dense_long and switch_8_long), each Switch run against the continued dense of
+    its seed; the fraction is read at every budget and the gap paired by seed."""
     runs = {r.name: r for r in lr_sweep.runs((0.02, 0.04), 2400, {"dense": 0.04,
                                                                    "switch_8": 0.02})}
     sw = runs["switch_8_lr0.02_long"]
     assert (sw.steps, sw.baseline, sw.flags) == (4800, "dense_lr0.04_long",
                                                  ("--config.learning_rate=0.02",))
+    s1 = runs["switch_8_lr0.02_long_s1"]
+    assert (s1.seed, s1.steps, s1.baseline) == (1, 4800, "dense_lr0.04_long_s1")
     assert runs["dense_lr0.04_long"].before is not None
-    assert "switch_8_lr0.04_long" in lr_sweep.names((0.04,))
+    assert {"switch_8_lr0.04_long", "dense_lr0.04_long_s1"} <= lr_sweep.names((0.04,))
 
-    def run(model, losses, steps=(200, 400)):
-        return {"model": model, "flags": [], "seed": 0, "train_steps": steps[-1],
+    def run(model, losses, steps=(200, 400), seed=0):
+        return {"model": model, "flags": [], "seed": seed, "train_steps": steps[-1],
                 "starts_from": None, "finished": True, "steps": list(steps),
                 "eval_loss": losses, "final_eval_loss": losses[-1],
                 "fraction_of_baseline_steps": None}
+    four = (200, 400, 600, 800)
     result = {"runs": {"dense_lr0.04": run("dense_lm_cpu", [5.0, 4.0]),
                        "switch_8_lr0.04": run("switch_lm_cpu_8", [4.5, 3.9]),
-                       "dense_lr0.04_long": run("dense_lm_cpu", [5.0, 4.0, 3.6, 3.5],
-                                                (200, 400, 600, 800)),
+                       "dense_lr0.04_long": run("dense_lm_cpu", [5.0, 4.0, 3.6, 3.5], four),
                        "switch_8_lr0.04_long": run("switch_lm_cpu_8", [4.5, 3.9, 3.5, 3.4],
-                                                   (200, 400, 600, 800))}}
+                                                   four),
+                       "dense_lr0.04_long_s1": run("dense_lm_cpu", [5.0, 4.0, 3.6, 3.6], four,
+                                                   1),
+                       "switch_8_lr0.04_long_s1": run("switch_lm_cpu_8", [4.5, 3.9, 3.5, 3.45],
+                                                      four, 1)}}
     claims = lr_sweep.at_best_claims(result, {"dense": {"rate": 0.04},
                                               "switch_8": {"rate": 0.04}})
-    long = claims["switch_8_speedup_long"]          # dense's 3.5 reached at step 600 of 800
-    assert long["fraction_of_dense_steps"] == 0.75 and long["gap"] == 0.1
+    long = claims["switch_8_speedup_long"]
+    # seed 0: dense's 3.5 reached at step 600 of 800; seed 1: its 3.6 at 550 of 800
+    assert long["fraction_of_dense_steps"] == [0.75, 0.688] and long["gap"] == [0.1, 0.15]
     # dense's 5.0 at 200 is reached by the first evaluation (1.0); its 4.0 at 400 at
     # 200 + 0.5/0.6 x 200 = 366.7; 3.6 at 600 at 400 + 0.3/0.4 x 200 = 550; 3.5 at 800 at 600
-    assert long["by_budget"] == [[200, 1.0], [400, 0.917], [600, 0.917], [800, 0.75]]
-    assert claims["runs"]["switch_8_long"] == "switch_8_lr0.04_long"
+    assert long["by_budget"]["switch_8_long"] == [[200, 1.0], [400, 0.917], [600, 0.917],
+                                                  [800, 0.75]]
+    assert long["beyond_noise"]["gaps"] == [0.1, 0.15] and not long["holds"]
+    assert claims["runs"]["switch_8_long_s1"] == "switch_8_lr0.04_long_s1"
