@@ -31,6 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import harness  # noqa: E402
+import plots  # noqa: E402
 import lm_claims  # noqa: E402
 import verdicts  # noqa: E402
 from harness import Run  # noqa: E402
@@ -243,6 +244,14 @@ def main(argv=None) -> int:
             panels["Switch Table 1's rows at Switch-8's best rate"] = pair + sorted(rows)
             panels["twice the budget (continued)"] = pair + sorted(longs)
         harness.plot_curves(res, path, panels)
+        claims = res.get("at_best", {})
+        series = {**claims.get("switch_8_speedup_long", {}).get("by_budget", {}),
+                  **claims.get("switch_8_speedup", {}).get("by_budget", {})}
+        if series:      # the speed-up at every budget: figures/<study>_speedup.png
+            plots.plot_fractions(
+                {f"{k} vs {k.replace('switch_8', 'dense')}": v for k, v in series.items()},
+                path.with_name(path.stem + "_speedup.png"),
+                title="Switch-8 at its best rate: fraction of dense's steps to its loss")
     harness.write(result, args.out, plot, publish=args.publish)
     print(json.dumps({"best": result["best"], "switch_minus_dense":
                       result["switch_minus_dense"], "at_best": result.get("at_best")}, indent=1))

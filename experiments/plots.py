@@ -72,3 +72,26 @@ def plot_router_curves(result: dict, path: pathlib.Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def plot_fractions(series: dict[str, Sequence[Sequence]], path: pathlib.Path,
+                   goal: float | None = 2 / 3, title: str = "") -> None:
+    """Each series' [budget, fraction] points (verdicts.fraction_by_budget: the share of the
+    baseline's steps a run needs to reach the baseline's loss at that budget), one line each,
+    with the goal as a horizontal line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, (name, points) in enumerate(series.items()):
+        pts = [(s, f) for s, f in points if f is not None]
+        ax.plot([s for s, _ in pts], [f for _, f in pts], marker="o", ms=2.5, lw=1.2,
+                color=f"C{i % 10}", label=name)
+    if goal is not None:
+        ax.axhline(goal, color="k", lw=0.8, ls=":", label=f"goal {goal:.3g}")
+    ax.set_xlabel("the baseline's steps (budget)")
+    ax.set_ylabel("fraction of the baseline's steps to reach its loss")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -183,3 +183,10 @@ def test_the_pair_continued_to_twice_the_budget():
                                                   [800, 0.75]]
     assert long["beyond_noise"]["gaps"] == [0.1, 0.15] and not long["holds"]
     assert claims["runs"]["switch_8_long_s1"] == "switch_8_lr0.04_long_s1"
+
+
+def test_the_speedup_by_budget_is_drawn(tmp_path):
+    import plots
+    path = tmp_path / "speedup.png"
+    plots.plot_fractions({"switch_8 vs dense": [[200, 1.0], [400, None], [600, 0.8]]}, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
