@@ -96,11 +96,11 @@ def main(argv=None) -> int:
     g.add_argument("--write", action="store_true", help=f"write {OUT.relative_to(ROOT)}")
     g.add_argument("--check", action="store_true", help="exit 1 where it is stale")
     args = p.parse_args(argv)
-    text = markdown(collect())
     if args.write:
-        OUT.write_text(text)
-        print(f"wrote {OUT.relative_to(ROOT)}")
-    elif args.check:
+        print(f"wrote {write().relative_to(ROOT)}")
+        return 0
+    text = markdown(collect())
+    if args.check:
         if not OUT.is_file() or OUT.read_text() != text:
             print(f"error: {OUT.relative_to(ROOT)} is stale: run python experiments/orderings.py "
                   "--write", file=sys.stderr)

@@ -37,11 +37,19 @@ def plot_curves(result: dict, path: pathlib.Path, groups: dict[str, Sequence[str
                     label=f"{name} ({r['final_eval_loss']:.3f})")
         finals = [result["runs"][n]["final_eval_loss"] for n in names]
         ax.set_ylim(min(finals) - 0.1, min(finals) + 1.0)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _label(ax, xlabel, ylabel, title)
+    _save(plt, fig, path)
+
+
+def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save(plt, fig, path: pathlib.Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -87,11 +95,6 @@ def plot_fractions(series: dict[str, Sequence[Sequence]], path: pathlib.Path,
                 color=f"C{i % 10}", label=name)
     if goal is not None:
         ax.axhline(goal, color="k", lw=0.8, ls=":", label=f"goal {goal:.3g}")
-    ax.set_xlabel("the baseline's steps (budget)")
-    ax.set_ylabel("fraction of the baseline's steps to reach its loss")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _label(ax, "the baseline's steps (budget)",
+           "fraction of the baseline's steps to reach its loss", title)
+    _save(plt, fig, path)
