@@ -137,6 +137,11 @@ TOP2_PAIRS = {"1.0": ("top2_8_cf1.0", "switch_8_cf1.0"), "1.25": ("top2_8", "swi
               "2.0": ("top2_8_cf2.0", "switch_8_cf2.0")}       # capacity: (top-2, top-1)
 
 
+def seeded(*names: str, seeds=(0, 1, 2)) -> list[tuple[str, ...]]:
+    """The runs ``names`` at each seed, by this study's naming (seed 0 bare, else _sN)."""
+    return [tuple(n + (f"_s{s}" if s else "") for n in names) for s in seeds]
+
+
 def claims(result: dict) -> dict:
     """The study's goals, each as holds / fails with its margin, from finished runs only (a goal
     whose runs have not finished is left out). Every comparison of final losses is judged by the
@@ -148,11 +153,10 @@ def claims(result: dict) -> dict:
     result = {**result, "runs": runs}
     ref = verdicts.reference(result)
     out = {"noise_rule": noise.RULE, "reference_spread": None if ref is None else round(ref, 4),
-           "seed_spread": {"dense": verdicts.seed_spread(result, ["dense", "dense_s1"]),
-                           "switch_8": verdicts.seed_spread(result, ["switch_8", "switch_8_s1"])}}
+           "seed_spread": {m: verdicts.seed_spread(result, [n for n, in seeded(m)])
+                           for m in ("dense", "switch_8")}}
     if "dense" in runs and "switch_8" in runs:
-        pairs = [(s, d) for s, d in (("switch_8", "dense"), ("switch_8_s1", "dense_s1"))
-                 if s in runs and d in runs]
+        pairs = [(s, d) for s, d in seeded("switch_8", "dense") if s in runs and d in runs]
         fractions = [runs[s]["fraction_of_baseline_steps"] for s, _ in pairs]
         out["switch_8_speedup"] = {
             "goal": "switch_8 reaches dense's final held-out loss in <= 2/3 of dense's steps",
@@ -164,8 +168,7 @@ def claims(result: dict) -> dict:
         out["switch_8_beyond_noise"] = {
             "goal": "switch_8 ends below dense, beyond seed noise (the noise rule)", **c,
             "holds": None if c["beyond_noise"] is None else c["better"] and c["beyond_noise"]}
-    longs = [(s, d) for s, d in (("switch_8_long", "dense_long"),
-                                 ("switch_8_long_s1", "dense_long_s1")) if s in runs and d in runs]
+    longs = [(s, d) for s, d in seeded("switch_8_long", "dense_long") if s in runs and d in runs]
     if longs:
         fractions = [runs[s]["fraction_of_baseline_steps"] for s, _ in longs]
         c = verdicts.compare(result, "switch_8_long", "dense_long", ref)

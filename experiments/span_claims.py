@@ -21,6 +21,9 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
     dense_lrR, switch_8_nojitter_lrR (_s1, _s2)
                                   dense and no-jitter Switch-8 at rate R (0.02, 0.04; the
                                   recipe's is 0.01), seeds 0, 1 and 2; only when named in --runs
+    switch_8_dec_nojitter_lr0.04 (_s1, _s2)
+                                  no-jitter Switch-8 at 0.04 with a dense encoder (the
+                                  decoder's second FFN its one Switch layer); only when named
 
 32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
 encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
@@ -78,13 +81,22 @@ def rated(rate: float, seed: int = 0) -> list[Run]:
 
 
 RATES = [r for rate in RATE_GRID for seed in (0, 1, 2) for r in rated(rate, seed)]
+# Is the encoder's Switch layer (its router undecided at every rate) what holds Switch back? The
+# no-jitter Switch-8 at 0.04 with a dense encoder: the decoder's second FFN its only Switch layer
+# (fewer parameters, the same FLOPs); against dense and switch_8_nojitter of the same rate and
+# seed; trained only when named
+DECODER = [Run("switch_8_dec_nojitter_lr0.04" + (f"_s{seed}" if seed else ""),
+               "switch_sc_cpu_8_dec", ("--config.learning_rate=0.04", "--config.moe.jitter=0"),
+               seed=seed, baseline="dense_lr0.04" + (f"_s{seed}" if seed else ""))
+           for seed in (0, 1, 2)]
 BATCH, INPUTS, TARGETS = 32, 128, 29
 
 
 def study(args) -> harness.Study:
     corpus = pathlib.Path(args.corpus).resolve()
     return harness.Study(
-        name=args.name, config="configs/c4_cpu.py", runs=RUNS + ROUTER + RATES, steps=args.steps,
+        name=args.name, config="configs/c4_cpu.py", runs=RUNS + ROUTER + RATES + DECODER,
+        steps=args.steps,
         eval_every=args.eval_every, title="Switch vs dense, span corruption on English prose",
         vocab=None if args.vocab is None else args.vocab.resolve(),
         flags=(f"--config.per_device_batch_size={BATCH}", "--config.data.source=files",
@@ -106,6 +118,11 @@ def plot(result: dict, path: pathlib.Path) -> None:
     if rates:
         panels["by learning rate: dense and no-jitter Switch-8"] = [
             "dense", "switch_8_nojitter", *rates]
+    decoder = [r.name for r in DECODER if r.name in result["runs"]]
+    if decoder:
+        panels["a dense encoder: Switch in the decoder alone, 0.04"] = [
+            n for n in ("dense_lr0.04", "switch_8_nojitter_lr0.04") if n in result["runs"]
+        ] + decoder
     harness.plot_curves(result, path, panels)
 
 
@@ -123,6 +140,24 @@ def rate_effects(result: dict) -> dict:
             out[f"{rate:g}"] = {"dense": verdicts.seeds(finished, dense),
                                 "switch_8_nojitter": verdicts.seeds(finished, switch),
                                 "switch_better": verdicts.compare(finished, switch, dense)}
+    return out
+
+
+def decoder_effects(result: dict) -> dict:
+    """The dense-encoder Switch-8 (DECODER) against dense and against the no-jitter Switch-8 of
+    its rate, each like for like over the seeds both finished (verdicts.compare), with its
+    final losses by seed and its one router's entropy over the last training interval."""
+    runs = {n: r for n, r in result["runs"].items() if r["finished"]}
+    finished = {**result, "runs": runs}
+    name = DECODER[0].name
+    if name not in runs:
+        return {}
+    out = {"final_eval_loss": verdicts.seeds(finished, name),
+           "router_entropy_train": {r.name: runs[r.name].get("router_entropy_train")
+                                    for r in DECODER if r.name in runs}}
+    for other in ("dense_lr0.04", "switch_8_nojitter_lr0.04"):
+        if other in runs:
+            out["against_" + other] = verdicts.compare(finished, name, other)
     return out
 
 
@@ -155,7 +190,7 @@ def router_effects(result: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    lm_claims.arguments(p, "span_claims", RUNS + ROUTER + RATES, [r.name for r in RUNS])
+    lm_claims.arguments(p, "span_claims", RUNS + ROUTER + RATES + DECODER, [r.name for r in RUNS])
     p.add_argument("--vocab", type=pathlib.Path, default=None,
                    help="lm_claims' tokenizer.model (runs/lm/dense/tokenizer.model), so both "
                         "studies read one vocabulary; without it the first run trains one")
@@ -188,10 +223,12 @@ def main(argv=None) -> int:
     result["claims"] = lm_claims.claims(result)
     result["router_effects"] = router_effects(result)
     result["rate_effects"] = rate_effects(result)
+    result["decoder_effects"] = decoder_effects(result)
     harness.write(result, args.out, plot, publish=args.publish)
     print(lm_claims.markdown(result))
     print(json.dumps({"claims": result["claims"], "router_effects": result["router_effects"],
-                      "rate_effects": result["rate_effects"]}, indent=1))
+                      "rate_effects": result["rate_effects"],
+                      "decoder_effects": result["decoder_effects"]}, indent=1))
     return 0
 
 

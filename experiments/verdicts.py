@@ -99,10 +99,11 @@ def compare(result: dict, better: str, worse: str, ref: float | None = None) -> 
 
 def seed_spread(result: dict, names: Sequence[str]) -> dict | None:
     """Mean and spread (max - min) of the final eval loss over runs that differ by seed."""
-    losses = [result["runs"][n]["final_eval_loss"] for n in names if n in result["runs"]]
+    names = [n for n in names if n in result["runs"]]
+    losses = [result["runs"][n]["final_eval_loss"] for n in names]
     if len(losses) < 2:
         return None
-    return {"runs": list(names), "mean": round(statistics.fmean(losses), 4),
+    return {"runs": names, "mean": round(statistics.fmean(losses), 4),
             "spread": round(max(losses) - min(losses), 4)}
 
 

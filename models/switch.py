@@ -222,6 +222,12 @@ MODELS.update({
                "than its second: the span study's encoder-router question "
                "(experiments/span_claims.py); not a published model",
     ),
+    "switch_sc_cpu_8_dec": dict(
+        **_SC_CPU, moe=_lm_cpu_moe(8, encoder_sparse_layers=(), sparse_layers=(1,)),
+        source="switch_sc_cpu_8 with a dense encoder: the decoder's second FFN its only Switch "
+               "layer (the span study's question whether the encoder's undecided router holds "
+               "Switch back; experiments/span_claims.py); not a published model",
+    ),
     "dense_sc_cpu": dict(
         **_SC_CPU,
         source="FLOP-matched dense baseline of switch_sc_cpu_8 (not a published model)",

@@ -155,7 +155,13 @@ def test_the_pair_continued_to_twice_the_budget():
     s1 = runs["switch_8_lr0.02_long_s1"]
     assert (s1.seed, s1.steps, s1.baseline) == (1, 4800, "dense_lr0.04_long_s1")
     assert runs["dense_lr0.04_long"].before is not None
-    assert {"switch_8_lr0.04_long", "dense_lr0.04_long_s1"} <= lr_sweep.names((0.04,))
+    # the pair alone has a third seed (its fraction straddled the goal), continued like the rest
+    s2 = runs["switch_8_lr0.02_long_s2"]
+    assert (s2.seed, s2.steps, s2.baseline) == (2, 4800, "dense_lr0.04_long_s2")
+    assert runs["dense_lr0.04_s2"].seed == 2 and "switch_16_lr0.02_s2" not in runs
+    assert {"switch_8_lr0.04_long", "dense_lr0.04_long_s1", "dense_lr0.04_long_s2",
+            "switch_8_lr0.04_s2"} <= lr_sweep.names((0.04,))
+    assert "top2_8_lr0.04_s2" not in lr_sweep.names((0.04,))
 
     def run(model, losses, steps=(200, 400), seed=0):
         return {"model": model, "flags": [], "seed": seed, "train_steps": steps[-1],
@@ -171,18 +177,24 @@ def test_the_pair_continued_to_twice_the_budget():
                        "dense_lr0.04_long_s1": run("dense_lm_cpu", [5.0, 4.0, 3.6, 3.6], four,
                                                    1),
                        "switch_8_lr0.04_long_s1": run("switch_lm_cpu_8", [4.5, 3.9, 3.5, 3.45],
-                                                      four, 1)}}
+                                                      four, 1),
+                       "dense_lr0.04_long_s2": run("dense_lm_cpu", [5.0, 4.0, 3.6, 3.5], four,
+                                                   2),
+                       "switch_8_lr0.04_long_s2": run("switch_lm_cpu_8", [4.5, 3.6, 3.4, 3.3],
+                                                      four, 2)}}
     claims = lr_sweep.at_best_claims(result, {"dense": {"rate": 0.04},
                                               "switch_8": {"rate": 0.04}})
     long = claims["switch_8_speedup_long"]
-    # seed 0: dense's 3.5 reached at step 600 of 800; seed 1: its 3.6 at 550 of 800
-    assert long["fraction_of_dense_steps"] == [0.75, 0.688] and long["gap"] == [0.1, 0.15]
+    # seed 0: dense's 3.5 reached at step 600 of 800; seed 1: its 3.6 at 550 of 800; seed 2:
+    # its 3.5 at 400 + 0.1/0.2 x 200 = 500 of 800
+    assert long["fraction_of_dense_steps"] == [0.75, 0.688, 0.625]
+    assert long["gap"] == [0.1, 0.15, 0.2]
     # dense's 5.0 at 200 is reached by the first evaluation (1.0); its 4.0 at 400 at
     # 200 + 0.5/0.6 x 200 = 366.7; 3.6 at 600 at 400 + 0.3/0.4 x 200 = 550; 3.5 at 800 at 600
     assert long["by_budget"]["switch_8_long"] == [[200, 1.0], [400, 0.917], [600, 0.917],
                                                   [800, 0.75]]
-    assert long["beyond_noise"]["gaps"] == [0.1, 0.15] and not long["holds"]
-    assert claims["runs"]["switch_8_long_s1"] == "switch_8_lr0.04_long_s1"
+    assert long["beyond_noise"]["gaps"] == [0.1, 0.15, 0.2] and not long["holds"]
+    assert claims["runs"]["switch_8_long_s2"] == "switch_8_lr0.04_long_s2"
 
 
 def test_the_speedup_by_budget_is_drawn(tmp_path):

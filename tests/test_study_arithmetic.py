@@ -378,3 +378,32 @@ def test_span_rate_effects_pair_no_jitter_switch_with_dense_of_its_rate_and_seed
     assert names["switch_8_nojitter_lr0.02_s1"].baseline == "dense_lr0.02_s1"
     assert names["switch_8_nojitter_lr0.02_s1"].flags == ("--config.learning_rate=0.02",
                                                           "--config.moe.jitter=0")
+
+
+def test_span_decoder_effects_judge_the_dense_encoder_switch_against_dense_and_switch_8():
+    import span_claims
+    steps = [1200, 2400]
+    lr = ["--config.learning_rate=0.04"]
+    nj = ["--config.moe.jitter=0"]
+    dec = "switch_8_dec_nojitter_lr0.04"
+    runs = {"dense_lr0.04": summary(steps, [3.9, 3.60], model="d", flags=lr),
+            "dense_lr0.04_s1": summary(steps, [3.9, 3.70], 1, model="d", flags=lr),
+            "switch_8_nojitter_lr0.04": summary(steps, [3.8, 3.62], model="s", flags=lr + nj),
+            dec: summary(steps, [3.8, 3.55], model="dec", flags=lr + nj,
+                         router_entropy_train=[1.1]),
+            dec + "_s1": summary(steps, [3.8, 3.60], 1, model="dec", flags=lr + nj),
+            dec + "_s2": summary(steps, [3.8, 3.40], 2, model="dec", flags=lr + nj,
+                                 finished=False)}
+    out = span_claims.decoder_effects({"runs": runs})
+    assert out["final_eval_loss"] == {0: 3.55, 1: 3.6}        # seed 2 has not finished
+    assert out["router_entropy_train"][dec] == [1.1]
+    c = out["against_dense_lr0.04"]
+    assert c["seeds"] == [0, 1] and c["gaps"] == [0.05, 0.1] and c["better"]
+    # against Switch-8 one seed pairs (seed 0): the study's reference spread, dense's 0.1
+    s = out["against_switch_8_nojitter_lr0.04"]
+    assert s["seeds"] == [0] and s["noise_from"] == "reference" and s["better"]
+    assert span_claims.decoder_effects({"runs": {k: v for k, v in runs.items()
+                                                 if not k.startswith(dec)}}) == {}
+    names = {r.name: r for r in span_claims.DECODER}
+    assert names[dec + "_s2"].baseline == "dense_lr0.04_s2"
+    assert names[dec].model == "switch_sc_cpu_8_dec"
