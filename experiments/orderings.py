@@ -55,8 +55,28 @@ def collect(docs: pathlib.Path = DOCS) -> list[dict]:
     return rows
 
 
+def question(row: dict) -> tuple:
+    """What an ordering asks, whichever study asks it: its runs and its claim's path below the
+    study's section (lm_claims' claims/X and lr_sweep's at_best/X are one question, asked at
+    two learning rates)."""
+    return tuple(row["runs"] or ()), row["claim"].partition("/")[2]
+
+
+def elsewhere(rows: list[dict]) -> dict[int, dict]:
+    """{index of a one-seed row: a row of another study asking its question on two or more
+    seeds}."""
+    many = {}
+    for r in rows:
+        if len(r["seeds"]) > 1:
+            many.setdefault(question(r), r)
+    return {i: many[question(r)] for i, r in enumerate(rows)
+            if len(r["seeds"]) < 2 and question(r) in many
+            and many[question(r)]["study"] != r["study"]}
+
+
 def markdown(rows: list[dict]) -> str:
     one = [r for r in rows if len(r["seeds"]) < 2]
+    again = elsewhere(rows)
     fmt = lambda x: "" if x is None else f"{x:g}"   # noqa: E731
     lines = [
         "# Every judged ordering",
@@ -69,18 +89,24 @@ def markdown(rows: list[dict]) -> str:
         "(e.g. BLEU rungs without a second seed) are not here.",
         "",
         f"**{len(rows)} orderings; {len(rows) - len(one)} rest on two or more seeds, "
-        f"{len(one)} on one.**",
+        f"{len(one)} on one** ({len(again)} of which another study asks again on two or more "
+        "seeds: the last column names it; lm_claims ran at the recipe's rate 0.01, lr_sweep "
+        "at each model's best).",
         "",
         "| study (JSON, commit) | ordering | first run vs second | seeds | same-seed gaps | "
-        "margin | noise (from) | margin / noise | verdict (first run) |",
-        "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+        "margin | noise (from) | margin / noise | verdict (first run) | on more seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(rows):
+        more = again.get(i)
+        more = "" if more is None else (f"{more['study']} ({', '.join(map(str, more['seeds']))})"
+                                        f": {more['verdict']}")
         runs = " vs ".join(r["runs"]) if r["runs"] else ""
         noise = "" if r.get("noise") is None else f"{r['noise']:g} ({r.get('noise_from')})"
         seeds = ", ".join(map(str, r["seeds"])) + (" **(one)**" if len(r["seeds"]) < 2 else "")
         lines.append(f"| [{r['study']}]({r['study']}.json) `{r['commit']}` | {r['claim']} | "
                      f"{runs} | {seeds} | {', '.join(f'{g:g}' for g in r['gaps'])} | "
-                     f"{fmt(r['margin'])} | {noise} | {fmt(r.get('ratio'))} | {r['verdict']} |")
+                     f"{fmt(r['margin'])} | {noise} | {fmt(r.get('ratio'))} | {r['verdict']} | "
+                     f"{more} |")
     return "\n".join(lines) + "\n"
 
 

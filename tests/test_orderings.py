@@ -34,8 +34,21 @@ def test_every_verdict_once_with_its_seeds(tmp_path):
         ("a", "claims/h2/loss_vs_below", ["h2", "h1"], [0, 1]),
         ("a", "claims/h2/word_perplexity_vs_below", ["h2", "h1"], [0, 1])]
     text = orderings.markdown(rows)
-    assert "**4 orderings; 3 rest on two or more seeds, 1 on one.**" in text
+    assert "**4 orderings; 3 rest on two or more seeds, 1 on one** (0 of which" in text
     assert "| 0 **(one)** | 0.02 |" in text and "`abcdef0`" in text
+
+
+def test_a_one_seed_ordering_names_the_study_that_asks_it_again_on_more_seeds(tmp_path):
+    one = verdict(["switch_16", "switch_8"], [0], [0.02], "better, within noise")
+    (tmp_path / "a.json").write_text(json.dumps({"claims": {"steps": [one]},
+                                                 "other": verdict(["x", "y"], [0], [0.1])}))
+    (tmp_path / "b.json").write_text(json.dumps({"at_best": {"steps": [
+        verdict(["switch_16", "switch_8"], [0, 1], [0.01, 0.03])]}}))
+    rows = orderings.collect(tmp_path)
+    assert orderings.elsewhere(rows) == {0: rows[2]}      # x vs y is asked nowhere else
+    text = orderings.markdown(rows)
+    assert "2 on one** (1 of which another study asks again" in text
+    assert "| better, within noise | b (0, 1): better, beyond noise |" in text
 
 
 def test_the_committed_table_is_fresh(capsys):
