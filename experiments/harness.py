@@ -208,6 +208,10 @@ def summarise(study: Study, r: Run, out: pathlib.Path, seconds: dict) -> dict | 
         "final_eval_loss": round(final["loss"], 4),
         "final_accuracy": final.get("accuracy"),
         "train_cross_entropy_last_interval": _mean(last, "cross_entropy"),
+        # the training cross-entropy over the interval before each evaluation (None: none logged)
+        "train_cross_entropy": [_mean([t for t in trains if before < t["step"] <= e["step"]],
+                                      "cross_entropy")
+                                for before, e in zip([0] + [e["step"] for e in evals], evals)],
         "tokens_per_sec": _mean(last, "tokens_per_sec"),
         "seconds": seconds.get(r.name),
         "commit": seconds.get("commits", {}).get(r.name),

@@ -230,6 +230,11 @@ def main(argv=None) -> int:
 
     if {"dense", "switch_8"} <= set(b):
         result["at_best"] = at_best_claims(result, b)
+        # training against held-out loss of the pair at twice the budget (~2.9 passes over
+        # the text): does Switch-8 fit the text it has seen faster than the text it has not?
+        result["train_and_held_out"] = verdicts.train_and_held_out_pairs(result, [
+            (long("switch_8", b["switch_8"]["rate"], s), long("dense", b["dense"]["rate"], s))
+            for s in PAIR_SEEDS])
     grid_names = {r.name for r in grid.runs if not r.name.endswith("_const")}
 
     def plot(res: dict, path: pathlib.Path) -> None:
@@ -255,6 +260,10 @@ def main(argv=None) -> int:
                 {f"{k} vs {k.replace('switch_8', 'dense')}": v for k, v in series.items()},
                 path.with_name(path.stem + "_speedup.png"),
                 title="Switch-8 at its best rate: fraction of dense's steps to its loss")
+        if res.get("train_and_held_out"):   # figures/<study>_train_held_out.png
+            plots.plot_train_and_held_out(
+                res["train_and_held_out"], path.with_name(path.stem + "_train_held_out.png"),
+                title="Switch-8 minus dense at twice the budget (each at its best rate)")
     harness.write(result, args.out, plot, publish=args.publish)
     print(json.dumps({"best": result["best"], "switch_minus_dense":
                       result["switch_minus_dense"], "at_best": result.get("at_best")}, indent=1))

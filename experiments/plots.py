@@ -98,3 +98,26 @@ def plot_fractions(series: dict[str, Sequence[Sequence]], path: pathlib.Path,
     _label(ax, "the baseline's steps (budget)",
            "fraction of the baseline's steps to reach its loss", title)
     _save(plt, fig, path)
+
+
+def plot_train_and_held_out(series: dict[str, dict], path: pathlib.Path, title: str = "") -> None:
+    """Per pair (verdicts.train_and_held_out): left, the run minus its baseline on held-out loss
+    (solid) and on training cross-entropy (dashed); right, each one's held-out minus training
+    loss (the run solid, its baseline dashed). A held-out gap that turns against the run while
+    the training gap does not is the run fitting the repeated text faster."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for i, (name, c) in enumerate(series.items()):
+        colour = f"C{i % 10}"
+        axes[0].plot(c["steps"], c["held_out_minus_baseline"], color=colour, lw=1.2,
+                     label=f"{name}: held-out")
+        axes[0].plot(c["steps"], c["train_minus_baseline"], color=colour, lw=1, ls="--",
+                     label=f"{name}: training")
+        axes[1].plot(c["steps"], c["generalisation_gap"], color=colour, lw=1.2, label=name)
+        axes[1].plot(c["steps"], c["baseline_generalisation_gap"], color=colour, lw=1, ls="--",
+                     label=f"{name}'s baseline")
+    axes[0].axhline(0, color="k", lw=0.8, ls=":")
+    _label(axes[0], "training step", "run minus baseline (nats; below 0: run ahead)", title)
+    _label(axes[1], "training step", "held-out minus training loss (nats)",
+           "generalisation gap")
+    _save(plt, fig, path)

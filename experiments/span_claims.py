@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import harness  # noqa: E402
 import lm_claims  # noqa: E402
+import plots  # noqa: E402
 import verdicts  # noqa: E402
 from harness import Run  # noqa: E402
 
@@ -124,6 +125,11 @@ def plot(result: dict, path: pathlib.Path) -> None:
             n for n in ("dense_lr0.04", "switch_8_nojitter_lr0.04") if n in result["runs"]
         ] + decoder
     harness.plot_curves(result, path, panels)
+    if result.get("train_and_held_out"):    # figures/<study>_train_held_out.png
+        plots.plot_train_and_held_out(result["train_and_held_out"],
+                                      path.with_name(path.stem + "_train_held_out.png"),
+                                      title="Switch minus dense of its seed, span corruption, "
+                                            "0.04")
 
 
 def rate_effects(result: dict) -> dict:
@@ -224,6 +230,11 @@ def main(argv=None) -> int:
     result["router_effects"] = router_effects(result)
     result["rate_effects"] = rate_effects(result)
     result["decoder_effects"] = decoder_effects(result)
+    # training against held-out loss at 0.04, each Switch run against dense of its seed: does
+    # the model with the more parameters fit the text it has seen faster than the rest?
+    result["train_and_held_out"] = verdicts.train_and_held_out_pairs(result, [
+        (r.name, r.baseline) for r in RATES + DECODER if "_lr0.04" in r.name
+        and r.name != r.baseline])
     harness.write(result, args.out, plot, publish=args.publish)
     print(lm_claims.markdown(result))
     print(json.dumps({"claims": result["claims"], "router_effects": result["router_effects"],

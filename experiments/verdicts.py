@@ -58,6 +58,40 @@ def fraction_by_budget(run: dict, baseline: dict) -> list[list]:
     return out
 
 
+def train_and_held_out(run: dict, baseline: dict) -> dict | None:
+    """At each evaluation both runs made (and logged training over the interval before):
+    ``run`` minus ``baseline`` on the held-out loss and on the training cross-entropy of that
+    interval, and each one's held-out minus training loss (its generalisation gap). Where the
+    held-out gap moves against ``run`` while the training gap does not, ``run`` is fitting the
+    text it has seen better than the text it has not, faster than ``baseline``. None without
+    training curves (results collected before harness logged them)."""
+    def points(r):
+        return {s: (e, t) for s, e, t in zip(r["steps"], r["eval_loss"],
+                                              r.get("train_cross_entropy") or ())
+                if t is not None}
+    a, b = points(run), points(baseline)
+    steps = sorted(set(a) & set(b))
+    if not steps:
+        return None
+    def minus(x, y, i, j):
+        return [round(x[s][i] - y[s][j], 4) for s in steps]
+    return {"steps": steps, "held_out_minus_baseline": minus(a, b, 0, 0),
+            "train_minus_baseline": minus(a, b, 1, 1), "generalisation_gap": minus(a, a, 0, 1),
+            "baseline_generalisation_gap": minus(b, b, 0, 1)}
+
+
+def train_and_held_out_pairs(result: dict, pairs) -> dict:
+    """{run: train_and_held_out(run, baseline)} over the (run, baseline) ``pairs`` that both
+    finished and logged training curves."""
+    runs = {n: r for n, r in result["runs"].items() if r["finished"]}
+    out = {}
+    for s, d in pairs:
+        c = train_and_held_out(runs[s], runs[d]) if s in runs and d in runs else None
+        if c is not None:
+            out[s] = c
+    return out
+
+
 def _setup(run: dict) -> tuple:
     """What a run trains, but its seed (and its baseline, which names the seed's own dense)."""
     return run["model"], tuple(run.get("flags", ())), run.get("train_steps"), run.get(

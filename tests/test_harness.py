@@ -78,6 +78,9 @@ def test_two_runs_resume_collect_write_and_evaluate(tmp_path, monkeypatch):
         switch["final_eval_loss"] - dense["final_eval_loss"], 4)
     assert "eval_loss_minus_baseline" not in dense                  # its own baseline
     assert switch["max_over_mean_expert_load_eval"] and switch["router_curves"]["step"]
+    # the training cross-entropy before each evaluation; its last is the last interval's
+    assert len(switch["train_cross_entropy"]) == 3 and switch["train_cross_entropy"][0] > 0
+    assert dense["train_cross_entropy"][-1] == dense["train_cross_entropy_last_interval"]
     assert len(result["commit"]) == 40 and result["machine"]["devices"] >= 1
     assert switch["commit"] == result["commit"] and switch["seconds"] > 0
 

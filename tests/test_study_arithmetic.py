@@ -407,3 +407,23 @@ def test_span_decoder_effects_judge_the_dense_encoder_switch_against_dense_and_s
     names = {r.name: r for r in span_claims.DECODER}
     assert names[dec + "_s2"].baseline == "dense_lr0.04_s2"
     assert names[dec].model == "switch_sc_cpu_8_dec"
+
+
+def test_train_and_held_out_gaps_show_a_run_fitting_seen_text_faster():
+    run = summary([200, 400, 600], [4.0, 3.7, 3.6], train_cross_entropy=[4.1, 3.6, 3.3])
+    base = summary([200, 400, 600], [4.1, 3.8, 3.62], train_cross_entropy=[4.2, 3.75, 3.5])
+    c = verdicts.train_and_held_out(run, base)
+    assert c["steps"] == [200, 400, 600]
+    assert c["held_out_minus_baseline"] == [-0.1, -0.1, -0.02]      # the lead shrinks held out
+    assert c["train_minus_baseline"] == [-0.1, -0.15, -0.2]         # and grows in training
+    assert c["generalisation_gap"] == [-0.1, 0.1, 0.3]
+    assert c["baseline_generalisation_gap"] == [-0.1, 0.05, 0.12]
+    # an interval without logged training is left out; results from before the curves: None
+    gappy = {**run, "train_cross_entropy": [None, 3.6, 3.3]}
+    assert verdicts.train_and_held_out(gappy, base)["steps"] == [400, 600]
+    old = {k: v for k, v in base.items() if k != "train_cross_entropy"}
+    assert verdicts.train_and_held_out(run, old) is None
+    result = {"runs": {"s": run, "d": base, "old": old,
+                       "going": {**run, "finished": False}}}
+    assert list(verdicts.train_and_held_out_pairs(
+        result, [("s", "d"), ("s", "old"), ("going", "d"), ("s", "absent")])) == ["s"]
