@@ -21,9 +21,10 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
     dense_lrR, switch_8_nojitter_lrR (_s1, _s2)
                                   dense and no-jitter Switch-8 at rate R (0.02, 0.04; the
                                   recipe's is 0.01), seeds 0, 1 and 2; only when named in --runs
-    switch_8_dec_nojitter_lr0.04 (_s1, _s2)
-                                  no-jitter Switch-8 at 0.04 with a dense encoder (the
-                                  decoder's second FFN its one Switch layer); only when named
+    switch_8_dec_nojitter_lr0.04, switch_8_enc_nojitter_lr0.04 (_s1, _s2)
+                                  no-jitter Switch-8 at 0.04 with one Switch layer, in the
+                                  decoder (a dense encoder) or the encoder (a dense decoder);
+                                  only when named
 
 32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
 encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
@@ -82,14 +83,16 @@ def rated(rate: float, seed: int = 0) -> list[Run]:
 
 
 RATES = [r for rate in RATE_GRID for seed in (0, 1, 2) for r in rated(rate, seed)]
-# Is the encoder's Switch layer (its router undecided at every rate) what holds Switch back? The
-# no-jitter Switch-8 at 0.04 with a dense encoder: the decoder's second FFN its only Switch layer
-# (fewer parameters, the same FLOPs); against dense and switch_8_nojitter of the same rate and
-# seed; trained only when named
-DECODER = [Run("switch_8_dec_nojitter_lr0.04" + (f"_s{seed}" if seed else ""),
-               "switch_sc_cpu_8_dec", ("--config.learning_rate=0.04", "--config.moe.jitter=0"),
+# Which stack's Switch layer helps, and which holds Switch back? The no-jitter Switch-8 at 0.04
+# with one Switch layer: in the decoder alone (a dense encoder; the encoder's router is undecided
+# at every rate) or in the encoder alone (a dense decoder; the decoder's experts see the 29
+# target positions of an example, the encoder's its 128 inputs); fewer parameters, the same
+# FLOPs; each against dense and switch_8_nojitter of its rate and seed; trained only when named
+STACKS = {"dec": "switch_sc_cpu_8_dec", "enc": "switch_sc_cpu_8_enc"}
+DECODER = [Run(f"switch_8_{stack}_nojitter_lr0.04" + (f"_s{seed}" if seed else ""), model,
+               ("--config.learning_rate=0.04", "--config.moe.jitter=0"),
                seed=seed, baseline="dense_lr0.04" + (f"_s{seed}" if seed else ""))
-           for seed in (0, 1, 2)]
+           for stack, model in STACKS.items() for seed in (0, 1, 2)]
 BATCH, INPUTS, TARGETS = 32, 128, 29
 
 
@@ -121,7 +124,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
             "dense", "switch_8_nojitter", *rates]
     decoder = [r.name for r in DECODER if r.name in result["runs"]]
     if decoder:
-        panels["a dense encoder: Switch in the decoder alone, 0.04"] = [
+        panels["one Switch layer: in the decoder alone or the encoder alone, 0.04"] = [
             n for n in ("dense_lr0.04", "switch_8_nojitter_lr0.04") if n in result["runs"]
         ] + decoder
     harness.plot_curves(result, path, panels)
@@ -150,20 +153,23 @@ def rate_effects(result: dict) -> dict:
 
 
 def decoder_effects(result: dict) -> dict:
-    """The dense-encoder Switch-8 (DECODER) against dense and against the no-jitter Switch-8 of
-    its rate, each like for like over the seeds both finished (verdicts.compare), with its
-    final losses by seed and its one router's entropy over the last training interval."""
+    """{stack: ...} for each one-stack Switch-8 (DECODER) with a finished seed-0 run: against
+    dense and against the no-jitter Switch-8 of its rate, each like for like over the seeds
+    both finished (verdicts.compare), with its final losses by seed and its one router's
+    entropy over the last training interval."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
     finished = {**result, "runs": runs}
-    name = DECODER[0].name
-    if name not in runs:
-        return {}
-    out = {"final_eval_loss": verdicts.seeds(finished, name),
-           "router_entropy_train": {r.name: runs[r.name].get("router_entropy_train")
-                                    for r in DECODER if r.name in runs}}
-    for other in ("dense_lr0.04", "switch_8_nojitter_lr0.04"):
-        if other in runs:
-            out["against_" + other] = verdicts.compare(finished, name, other)
+    out = {}
+    for stack in STACKS:
+        mine = [r.name for r in DECODER if f"_{stack}_" in r.name]
+        if mine[0] not in runs:
+            continue
+        c = out[stack] = {"final_eval_loss": verdicts.seeds(finished, mine[0]),
+                          "router_entropy_train": {n: runs[n].get("router_entropy_train")
+                                                   for n in mine if n in runs}}
+        for other in ("dense_lr0.04", "switch_8_nojitter_lr0.04"):
+            if other in runs:
+                c["against_" + other] = verdicts.compare(finished, mine[0], other)
     return out
 
 

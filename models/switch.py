@@ -228,6 +228,12 @@ MODELS.update({
                "layer (the span study's question whether the encoder's undecided router holds "
                "Switch back; experiments/span_claims.py); not a published model",
     ),
+    "switch_sc_cpu_8_enc": dict(
+        **_SC_CPU, moe=_lm_cpu_moe(8, encoder_sparse_layers=(1,), sparse_layers=()),
+        source="switch_sc_cpu_8 with a dense decoder: the encoder's second FFN its only Switch "
+               "layer (the span study's question which stack's Switch layer helps; "
+               "experiments/span_claims.py); not a published model",
+    ),
     "dense_sc_cpu": dict(
         **_SC_CPU,
         source="FLOP-matched dense baseline of switch_sc_cpu_8 (not a published model)",

@@ -395,6 +395,8 @@ def test_span_decoder_effects_judge_the_dense_encoder_switch_against_dense_and_s
             dec + "_s2": summary(steps, [3.8, 3.40], 2, model="dec", flags=lr + nj,
                                  finished=False)}
     out = span_claims.decoder_effects({"runs": runs})
+    assert list(out) == ["dec"]                       # the encoder-only model has not run
+    out = out["dec"]
     assert out["final_eval_loss"] == {0: 3.55, 1: 3.6}        # seed 2 has not finished
     assert out["router_entropy_train"][dec] == [1.1]
     c = out["against_dense_lr0.04"]
@@ -407,6 +409,7 @@ def test_span_decoder_effects_judge_the_dense_encoder_switch_against_dense_and_s
     names = {r.name: r for r in span_claims.DECODER}
     assert names[dec + "_s2"].baseline == "dense_lr0.04_s2"
     assert names[dec].model == "switch_sc_cpu_8_dec"
+    assert names["switch_8_enc_nojitter_lr0.04_s1"].model == "switch_sc_cpu_8_enc"
 
 
 def test_train_and_held_out_gaps_show_a_run_fitting_seen_text_faster():

@@ -136,12 +136,16 @@ def test_top2_expert_flops_count_the_picks_its_capacity_serves_by_hand():
                                       train_capacity_factor=1.25), seq_len=64) == 1.25
 
 
-def test_the_span_studys_dense_encoder_switch_has_one_switch_layer_in_the_decoder():
-    cfg, dense = zoo.get("switch_sc_cpu_8_dec"), zoo.get("dense_sc_cpu")
-    assert [cfg.moe.is_sparse(i, True) for i in range(cfg.num_encoder_layers)] == [False, False]
-    assert [cfg.moe.is_sparse(i) for i in range(cfg.num_layers)] == [False, True]
-    router = 2 * cfg.d_model * cfg.moe.num_experts
-    assert zoo.flops_per_token(cfg) == zoo.flops_per_token(dense) + router
-    # seven more experts' FFN (two matrices each, no biases) and one router matrix
-    extra = 7 * 2 * cfg.d_model * cfg.d_ff + cfg.d_model * cfg.moe.num_experts
-    assert zoo.count_params("switch_sc_cpu_8_dec") == zoo.count_params("dense_sc_cpu") + extra
+def test_the_span_studys_one_stack_switch_models_have_one_switch_layer():
+    dense = zoo.get("dense_sc_cpu")
+    for name, encoder, decoder in (("switch_sc_cpu_8_dec", [False, False], [False, True]),
+                                   ("switch_sc_cpu_8_enc", [False, True], [False, False])):
+        cfg = zoo.get(name)
+        assert [cfg.moe.is_sparse(i, True) for i in range(cfg.num_encoder_layers)] == encoder
+        assert [cfg.moe.is_sparse(i) for i in range(cfg.num_layers)] == decoder
+        # seven more experts' FFN (two matrices each, no biases) and one router matrix
+        extra = 7 * 2 * cfg.d_model * cfg.d_ff + cfg.d_model * cfg.moe.num_experts
+        assert zoo.count_params(name) == zoo.count_params("dense_sc_cpu") + extra
+    # the same FLOPs (a token through one expert) and the router, per position of its stack
+    router = 2 * dense.d_model * 8
+    assert zoo.flops_per_token("switch_sc_cpu_8_dec") == zoo.flops_per_token(dense) + router
