@@ -89,7 +89,7 @@ RATES = [r for rate in RATE_GRID for seed in (0, 1, 2) for r in rated(rate, seed
 # target positions of an example, the encoder's its 128 inputs); fewer parameters, the same
 # FLOPs; each against dense and switch_8_nojitter of its rate and seed; trained only when named
 STACKS = {"dec": "switch_sc_cpu_8_dec", "enc": "switch_sc_cpu_8_enc"}
-DECODER = [Run(f"switch_8_{stack}_nojitter_lr0.04" + (f"_s{seed}" if seed else ""), model,
+ONE_STACK = [Run(f"switch_8_{stack}_nojitter_lr0.04" + (f"_s{seed}" if seed else ""), model,
                ("--config.learning_rate=0.04", "--config.moe.jitter=0"),
                seed=seed, baseline="dense_lr0.04" + (f"_s{seed}" if seed else ""))
            for stack, model in STACKS.items() for seed in (0, 1, 2)]
@@ -99,7 +99,7 @@ BATCH, INPUTS, TARGETS = 32, 128, 29
 def study(args) -> harness.Study:
     corpus = pathlib.Path(args.corpus).resolve()
     return harness.Study(
-        name=args.name, config="configs/c4_cpu.py", runs=RUNS + ROUTER + RATES + DECODER,
+        name=args.name, config="configs/c4_cpu.py", runs=RUNS + ROUTER + RATES + ONE_STACK,
         steps=args.steps,
         eval_every=args.eval_every, title="Switch vs dense, span corruption on English prose",
         vocab=None if args.vocab is None else args.vocab.resolve(),
@@ -122,14 +122,16 @@ def plot(result: dict, path: pathlib.Path) -> None:
     if rates:
         panels["by learning rate: dense and no-jitter Switch-8"] = [
             "dense", "switch_8_nojitter", *rates]
-    decoder = [r.name for r in DECODER if r.name in result["runs"]]
-    if decoder:
+    one_stack = [r.name for r in ONE_STACK if r.name in result["runs"]]
+    if one_stack:
         panels["one Switch layer: in the decoder alone or the encoder alone, 0.04"] = [
             n for n in ("dense_lr0.04", "switch_8_nojitter_lr0.04") if n in result["runs"]
-        ] + decoder
+        ] + one_stack
     harness.plot_curves(result, path, panels)
-    if result.get("train_and_held_out"):    # figures/<study>_train_held_out.png
-        plots.plot_train_and_held_out(result["train_and_held_out"],
+    pairs = {n: c for n, c in result.get("train_and_held_out", {}).items()
+             if n.startswith("switch_8_nojitter")}      # the one-stack runs: in the JSON only
+    if pairs:                               # figures/<study>_train_held_out.png
+        plots.plot_train_and_held_out(pairs,
                                       path.with_name(path.stem + "_train_held_out.png"),
                                       title="Switch minus dense of its seed, span corruption, "
                                             "0.04")
@@ -152,16 +154,16 @@ def rate_effects(result: dict) -> dict:
     return out
 
 
-def decoder_effects(result: dict) -> dict:
-    """{stack: ...} for each one-stack Switch-8 (DECODER) with a finished seed-0 run: against
-    dense and against the no-jitter Switch-8 of its rate, each like for like over the seeds
-    both finished (verdicts.compare), with its final losses by seed and its one router's
+def stack_effects(result: dict) -> dict:
+    """{"dec" / "enc": ...} for each one-stack Switch-8 (ONE_STACK) with a finished seed-0 run:
+    against dense and against the no-jitter Switch-8 of its rate, each like for like over the
+    seeds both finished (verdicts.compare), with its final losses by seed and its one router's
     entropy over the last training interval."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
     finished = {**result, "runs": runs}
     out = {}
     for stack in STACKS:
-        mine = [r.name for r in DECODER if f"_{stack}_" in r.name]
+        mine = [r.name for r in ONE_STACK if f"_{stack}_" in r.name]
         if mine[0] not in runs:
             continue
         c = out[stack] = {"final_eval_loss": verdicts.seeds(finished, mine[0]),
@@ -202,7 +204,8 @@ def router_effects(result: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    lm_claims.arguments(p, "span_claims", RUNS + ROUTER + RATES + DECODER, [r.name for r in RUNS])
+    lm_claims.arguments(p, "span_claims", RUNS + ROUTER + RATES + ONE_STACK,
+                        [r.name for r in RUNS])
     p.add_argument("--vocab", type=pathlib.Path, default=None,
                    help="lm_claims' tokenizer.model (runs/lm/dense/tokenizer.model), so both "
                         "studies read one vocabulary; without it the first run trains one")
@@ -235,17 +238,17 @@ def main(argv=None) -> int:
     result["claims"] = lm_claims.claims(result)
     result["router_effects"] = router_effects(result)
     result["rate_effects"] = rate_effects(result)
-    result["decoder_effects"] = decoder_effects(result)
+    result["stack_effects"] = stack_effects(result)
     # training against held-out loss at 0.04, each Switch run against dense of its seed: does
     # the model with the more parameters fit the text it has seen faster than the rest?
     result["train_and_held_out"] = verdicts.train_and_held_out_pairs(result, [
-        (r.name, r.baseline) for r in RATES + DECODER if "_lr0.04" in r.name
+        (r.name, r.baseline) for r in RATES + ONE_STACK if "_lr0.04" in r.name
         and r.name != r.baseline])
     harness.write(result, args.out, plot, publish=args.publish)
     print(lm_claims.markdown(result))
     print(json.dumps({"claims": result["claims"], "router_effects": result["router_effects"],
                       "rate_effects": result["rate_effects"],
-                      "decoder_effects": result["decoder_effects"]}, indent=1))
+                      "stack_effects": result["stack_effects"]}, indent=1))
     return 0
 
 

@@ -380,7 +380,7 @@ def test_span_rate_effects_pair_no_jitter_switch_with_dense_of_its_rate_and_seed
                                                           "--config.moe.jitter=0")
 
 
-def test_span_decoder_effects_judge_the_dense_encoder_switch_against_dense_and_switch_8():
+def test_span_stack_effects_judge_the_dense_encoder_switch_against_dense_and_switch_8():
     import span_claims
     steps = [1200, 2400]
     lr = ["--config.learning_rate=0.04"]
@@ -394,7 +394,7 @@ def test_span_decoder_effects_judge_the_dense_encoder_switch_against_dense_and_s
             dec + "_s1": summary(steps, [3.8, 3.60], 1, model="dec", flags=lr + nj),
             dec + "_s2": summary(steps, [3.8, 3.40], 2, model="dec", flags=lr + nj,
                                  finished=False)}
-    out = span_claims.decoder_effects({"runs": runs})
+    out = span_claims.stack_effects({"runs": runs})
     assert list(out) == ["dec"]                       # the encoder-only model has not run
     out = out["dec"]
     assert out["final_eval_loss"] == {0: 3.55, 1: 3.6}        # seed 2 has not finished
@@ -404,9 +404,9 @@ def test_span_decoder_effects_judge_the_dense_encoder_switch_against_dense_and_s
     # against Switch-8 one seed pairs (seed 0): the study's reference spread, dense's 0.1
     s = out["against_switch_8_nojitter_lr0.04"]
     assert s["seeds"] == [0] and s["noise_from"] == "reference" and s["better"]
-    assert span_claims.decoder_effects({"runs": {k: v for k, v in runs.items()
+    assert span_claims.stack_effects({"runs": {k: v for k, v in runs.items()
                                                  if not k.startswith(dec)}}) == {}
-    names = {r.name: r for r in span_claims.DECODER}
+    names = {r.name: r for r in span_claims.ONE_STACK}
     assert names[dec + "_s2"].baseline == "dense_lr0.04_s2"
     assert names[dec].model == "switch_sc_cpu_8_dec"
     assert names["switch_8_enc_nojitter_lr0.04_s1"].model == "switch_sc_cpu_8_enc"
