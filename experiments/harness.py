@@ -77,6 +77,11 @@ class Study:
         return run.steps or self.steps
 
 
+def seeded_name(name: str, seed: int) -> str:
+    """The studies' one naming of a run's seed: seed 0 bare, else ``_sN`` (dense, dense_s1)."""
+    return name + (f"_s{seed}" if seed else "")
+
+
 def rows(workdir: pathlib.Path, split: str) -> list[dict]:
     """A workdir's logged rows of one split, by step (a resumed run may log a step twice: the
     last one counts)."""

@@ -139,7 +139,7 @@ TOP2_PAIRS = {"1.0": ("top2_8_cf1.0", "switch_8_cf1.0"), "1.25": ("top2_8", "swi
 
 def seeded(*names: str, seeds=(0, 1, 2)) -> list[tuple[str, ...]]:
     """The runs ``names`` at each seed, by this study's naming (seed 0 bare, else _sN)."""
-    return [tuple(n + (f"_s{s}" if s else "") for n in names) for s in seeds]
+    return [tuple(harness.seeded_name(n, s) for n in names) for s in seeds]
 
 
 def claims(result: dict) -> dict:

@@ -50,7 +50,7 @@ PAIR_SEEDS = (0, 1, 2)   # the dense / Switch-8 pair and its continuation: a thi
 
 
 def name(model: str, rate: float, const: bool = False, seed: int = 0) -> str:
-    return f"{model}_lr{rate:g}" + ("_const" if const else "") + (f"_s{seed}" if seed else "")
+    return harness.seeded_name(f"{model}_lr{rate:g}" + ("_const" if const else ""), seed)
 
 
 def runs(rates, steps: int, best: dict | None = None) -> list[Run]:
@@ -95,7 +95,7 @@ def at_best(best: dict, steps: int) -> list[Run]:
 
 
 def long(model: str, rate: float, seed: int = 0) -> str:
-    return name(model, rate) + "_long" + (f"_s{seed}" if seed else "")
+    return harness.seeded_name(name(model, rate) + "_long", seed)
 
 
 def names(rates) -> set[str]:
@@ -136,7 +136,7 @@ def at_best_claims(result: dict, best: dict) -> dict:
     run names, each mapped onto this sweep's run (``runs`` in the answer says which)."""
     rate = {m: best[m]["rate"] for m in MODELS}
     rate.update({m: rate["switch_8"] for m in (*RUNGS, *TABLE1)})
-    key = lambda m, s: m if s == 0 else f"{m}_s{s}"   # noqa: E731  (lm_claims' run names)
+    key = harness.seeded_name                          # lm_claims' run names
     names, mapped = {}, {}
     for m in (*MODELS, *RUNGS, *TABLE1):
         for s in PAIR_SEEDS if m in MODELS else SEEDS:

@@ -76,9 +76,7 @@ def plot_router_curves(result: dict, path: pathlib.Path) -> bool:
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
     return True
 
 

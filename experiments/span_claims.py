@@ -75,7 +75,7 @@ RATE_GRID = (0.02, 0.04)
 
 
 def rated(rate: float, seed: int = 0) -> list[Run]:
-    tail = f"_lr{rate:g}" + (f"_s{seed}" if seed else "")
+    tail = harness.seeded_name(f"_lr{rate:g}", seed)
     flag = f"--config.learning_rate={rate:g}"
     return [Run("dense" + tail, "dense_sc_cpu", (flag,), seed=seed, baseline="dense" + tail),
             Run("switch_8_nojitter" + tail, "switch_sc_cpu_8", (flag, "--config.moe.jitter=0"),
@@ -89,9 +89,9 @@ RATES = [r for rate in RATE_GRID for seed in (0, 1, 2) for r in rated(rate, seed
 # target positions of an example, the encoder's its 128 inputs); fewer parameters, the same
 # FLOPs; each against dense and switch_8_nojitter of its rate and seed; trained only when named
 STACKS = {"dec": "switch_sc_cpu_8_dec", "enc": "switch_sc_cpu_8_enc"}
-ONE_STACK = [Run(f"switch_8_{stack}_nojitter_lr0.04" + (f"_s{seed}" if seed else ""), model,
+ONE_STACK = [Run(harness.seeded_name(f"switch_8_{stack}_nojitter_lr0.04", seed), model,
                ("--config.learning_rate=0.04", "--config.moe.jitter=0"),
-               seed=seed, baseline="dense_lr0.04" + (f"_s{seed}" if seed else ""))
+               seed=seed, baseline=harness.seeded_name("dense_lr0.04", seed))
            for stack, model in STACKS.items() for seed in (0, 1, 2)]
 BATCH, INPUTS, TARGETS = 32, 128, 29
 
@@ -162,8 +162,8 @@ def stack_effects(result: dict) -> dict:
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
     finished = {**result, "runs": runs}
     out = {}
-    for stack in STACKS:
-        mine = [r.name for r in ONE_STACK if f"_{stack}_" in r.name]
+    for stack, model in STACKS.items():
+        mine = [r.name for r in ONE_STACK if r.model == model]
         if mine[0] not in runs:
             continue
         c = out[stack] = {"final_eval_loss": verdicts.seeds(finished, mine[0]),
@@ -242,8 +242,8 @@ def main(argv=None) -> int:
     # training against held-out loss at 0.04, each Switch run against dense of its seed: does
     # the model with the more parameters fit the text it has seen faster than the rest?
     result["train_and_held_out"] = verdicts.train_and_held_out_pairs(result, [
-        (r.name, r.baseline) for r in RATES + ONE_STACK if "_lr0.04" in r.name
-        and r.name != r.baseline])
+        (r.name, r.baseline) for r in RATES + ONE_STACK
+        if "--config.learning_rate=0.04" in r.flags and r.name != r.baseline])
     harness.write(result, args.out, plot, publish=args.publish)
     print(lm_claims.markdown(result))
     print(json.dumps({"claims": result["claims"], "router_effects": result["router_effects"],

@@ -1,0 +1,102 @@
+"""experiments/span_claims.py's bookkeeping (the runs themselves are the study): each router
+change, each learning rate and each one-stack Switch model judged against switch_8 and dense of
+its rate and seed under the noise rule."""
+import pathlib
+import sys
+
+import pytest
+
+from test_study_arithmetic import summary   # a run's summary as harness.collect gives it
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "experiments"))
+
+import span_claims  # noqa: E402
+
+
+def test_span_router_effects_compare_each_change_with_switch_8_and_dense():
+    steps = [1200, 2400]
+    runs = {"dense": summary(steps, [4.0, 3.78], model="dense_sc_cpu", baseline="dense"),
+            "dense_s1": summary(steps, [4.1, 3.90], seed=1, model="dense_sc_cpu",
+                                baseline="dense_s1"),
+            "switch_8": summary(steps, [4.1, 3.83], model="switch_sc_cpu_8", baseline="dense",
+                                router_entropy_train=[1.84, 0.99]),
+            "switch_8_zloss": summary(steps, [4.0, 3.70], model="switch_sc_cpu_8",
+                                      flags=["--config.moe.z_loss_weight=0.001"],
+                                      baseline="dense", router_entropy_train=[1.2, 0.9]),
+            "switch_8_enc0": summary(steps, [4.2, 3.95], model="switch_sc_cpu_8_enc0",
+                                     baseline="dense", finished=False)}
+    out = span_claims.router_effects({"runs": runs})
+    assert list(out) == ["switch_8_zloss"]                  # an unfinished run is left out
+    z = out["switch_8_zloss"]
+    assert z["change"] == "--config.moe.z_loss_weight=0.001"
+    assert z["minus_switch_8"] == pytest.approx(-0.13) and z["minus_dense"] == pytest.approx(-0.08)
+    # one seed: judged against the reference spread, dense's two seeds 0.12 apart
+    assert z["against_dense"]["runs"] == ["switch_8_zloss", "dense"]
+    assert z["against_dense"]["better"] is True
+    assert z["router_entropy_train"] == [1.2, 0.9]
+    assert z["switch_8_router_entropy_train"] == [1.84, 0.99]
+    assert span_claims.router_effects({"runs": {"dense": runs["dense"]}}) == {}
+    # without a model at two seeds there is no noise estimate, and the verdict says so
+    alone = {k: v for k, v in runs.items() if k != "dense_s1"}
+    e = span_claims.router_effects({"runs": alone})
+    assert e["switch_8_zloss"]["against_dense"]["verdict"] == "better, no noise estimate"
+
+
+def test_span_rate_effects_pair_no_jitter_switch_with_dense_of_its_rate_and_seed():
+    steps = [1200, 2400]
+    lr = lambda r: [f"--config.learning_rate={r:g}"]                          # noqa: E731
+    nj = ["--config.moe.jitter=0"]
+    runs = {"dense": summary(steps, [4.0, 3.8], model="d"),
+            "switch_8_nojitter": summary(steps, [4.0, 3.7], model="s", flags=nj),
+            "dense_lr0.04": summary(steps, [3.9, 3.6], model="d", flags=lr(0.04)),
+            "dense_lr0.04_s1": summary(steps, [3.9, 3.65], 1, model="d", flags=lr(0.04)),
+            "switch_8_nojitter_lr0.04": summary(steps, [3.8, 3.5], model="s",
+                                                flags=lr(0.04) + nj),
+            "switch_8_nojitter_lr0.04_s1": summary(steps, [3.8, 3.58], 1, model="s",
+                                                   flags=lr(0.04) + nj),
+            "dense_lr0.02": summary(steps, [3.9, 3.7], model="d", flags=lr(0.02)),
+            "switch_8_nojitter_lr0.02": summary(steps, [3.9, 3.6], model="s",
+                                                flags=lr(0.02) + nj, finished=False)}
+    out = span_claims.rate_effects({"runs": runs})
+    assert list(out) == ["0.01", "0.04"]          # 0.02's Switch run has not finished
+    at = out["0.04"]
+    assert at["dense"] == {0: 3.6, 1: 3.65} and at["switch_8_nojitter"] == {0: 3.5, 1: 3.58}
+    c = at["switch_better"]
+    assert c["seeds"] == [0, 1] and c["gaps"] == [0.1, 0.07] and c["noise_from"] == "paired"
+    assert c["better"] and c["beyond_noise"]        # margin 0.085 > 2 x 0.03
+    assert out["0.01"]["switch_better"]["noise_from"] == "reference"   # one seed each
+    names = {r.name: r for r in span_claims.RATES}
+    assert names["switch_8_nojitter_lr0.02_s1"].baseline == "dense_lr0.02_s1"
+    assert names["switch_8_nojitter_lr0.02_s1"].flags == ("--config.learning_rate=0.02",
+                                                          "--config.moe.jitter=0")
+
+
+def test_span_stack_effects_judge_the_dense_encoder_switch_against_dense_and_switch_8():
+    steps = [1200, 2400]
+    lr = ["--config.learning_rate=0.04"]
+    nj = ["--config.moe.jitter=0"]
+    dec = "switch_8_dec_nojitter_lr0.04"
+    runs = {"dense_lr0.04": summary(steps, [3.9, 3.60], model="d", flags=lr),
+            "dense_lr0.04_s1": summary(steps, [3.9, 3.70], 1, model="d", flags=lr),
+            "switch_8_nojitter_lr0.04": summary(steps, [3.8, 3.62], model="s", flags=lr + nj),
+            dec: summary(steps, [3.8, 3.55], model="dec", flags=lr + nj,
+                         router_entropy_train=[1.1]),
+            dec + "_s1": summary(steps, [3.8, 3.60], 1, model="dec", flags=lr + nj),
+            dec + "_s2": summary(steps, [3.8, 3.40], 2, model="dec", flags=lr + nj,
+                                 finished=False)}
+    out = span_claims.stack_effects({"runs": runs})
+    assert list(out) == ["dec"]                       # the encoder-only model has not run
+    out = out["dec"]
+    assert out["final_eval_loss"] == {0: 3.55, 1: 3.6}        # seed 2 has not finished
+    assert out["router_entropy_train"][dec] == [1.1]
+    c = out["against_dense_lr0.04"]
+    assert c["seeds"] == [0, 1] and c["gaps"] == [0.05, 0.1] and c["better"]
+    # against Switch-8 one seed pairs (seed 0): the study's reference spread, dense's 0.1
+    s = out["against_switch_8_nojitter_lr0.04"]
+    assert s["seeds"] == [0] and s["noise_from"] == "reference" and s["better"]
+    assert span_claims.stack_effects({"runs": {k: v for k, v in runs.items()
+                                                 if not k.startswith(dec)}}) == {}
+    names = {r.name: r for r in span_claims.ONE_STACK}
+    assert names[dec + "_s2"].baseline == "dense_lr0.04_s2"
+    assert names[dec].model == "switch_sc_cpu_8_dec"
+    assert names["switch_8_enc_nojitter_lr0.04_s1"].model == "switch_sc_cpu_8_enc"
