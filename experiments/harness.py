@@ -243,13 +243,48 @@ def commit() -> str:
                           text=True).stdout.strip()
 
 
-def collect(study: Study, out: pathlib.Path, command_line: str, **about) -> dict:
+def published_runs(name: str, corpus: dict, docs: pathlib.Path = DOCS, log=print) -> dict:
+    """The runs of the published docs/<name>.json, for ``collect`` to fill in what --out no
+    longer holds (runs/ is scratch: a new checkout starts without it, so a study that spans
+    sittings would otherwise publish only its latest runs). Only when they read the same text
+    in the same tokens: ``corpus`` (lm_claims.corpus_about of this sitting's corpus and
+    vocabulary) must give the published corpus's sha1 and its train and eval sizes in tokens
+    (and the tokenizer's sha1, where both recorded it); else {} and one line saying why."""
+    path = docs / f"{name}.json"
+    if not path.is_file():
+        return {}
+    old = json.loads(path.read_text())
+    mine, theirs = corpus or {}, old.get("corpus") or {}
+    keys = [("sha1",), ("train", "tokens"), ("eval", "tokens")] + (
+        [("tokenizer_sha1",)] if "tokenizer_sha1" in mine and "tokenizer_sha1" in theirs else [])
+
+    def at(d, key):
+        for k in key:
+            d = d.get(k) if isinstance(d, dict) else None
+        return d
+    differ = [".".join(k) for k in keys if at(mine, k) is None or at(mine, k) != at(theirs, k)]
+    if differ:
+        log(f"note: {path.relative_to(docs.parent)}'s runs are not carried over: its corpus "
+            f"differs from this one in {', '.join(differ)}")
+        return {}
+    return {n: {**r, "carried_from": f"{path.relative_to(docs.parent)} at {old['commit'][:7]}"}
+            for n, r in old.get("runs", {}).items()}
+
+
+def collect(study: Study, out: pathlib.Path, command_line: str, published: dict | None = None,
+            **about) -> dict:
     """Every run's summary, each compared with its baseline (the step at which it first reaches
-    the baseline's final eval loss, and the loss difference at the last step)."""
+    the baseline's final eval loss, and the loss difference at the last step). A run --out
+    does not hold is taken from ``published`` where that has it, marked with ``carried_from``
+    (default: published_runs of the study's published JSON, given ``corpus`` in ``about``)."""
+    if published is None and "corpus" in about:
+        published = published_runs(study.name, about["corpus"])
     seconds = _seconds(out)
     runs = {}
     for r in study.runs:
         s = summarise(study, r, out, seconds) if r.report else None
+        if s is None and r.report and r.name in (published or {}):
+            s = dict(published[r.name])
         if s is not None:
             runs[r.name] = s
     against_baselines(runs)

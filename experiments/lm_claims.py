@@ -130,6 +130,7 @@ def corpus_about(corpus: pathlib.Path, tokenizer: pathlib.Path) -> dict:
         cache.write_text(json.dumps(counts))
     for split in ("train", "eval"):
         about[split]["tokens"] = counts[split]
+    about["tokenizer_sha1"] = key[1]
     return about
 
 

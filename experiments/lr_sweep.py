@@ -43,6 +43,9 @@ RUNGS = {"switch_16": "switch_lm_cpu_16", "switch_32": "switch_lm_cpu_32"}   # F
 TABLE1 = {"top2_8": lm_claims.TOP2, "switch_8_cf1.0": lm_claims.cf(1.0),
           "top2_8_cf1.0": lm_claims.TOP2 + lm_claims.cf(1.0), "switch_8_cf2.0": lm_claims.cf(2.0),
           "top2_8_cf2.0": lm_claims.TOP2 + lm_claims.cf(2.0)}
+# the dense upper bound: Switch-8's total parameters as dense FFNs (2.1x its FLOPs), at dense's
+# best rate (not swept: a dense model's rate, the FFN width apart)
+WIDE = {"dense_wide": "dense_lm_cpu_wide"}
 RATES = (0.005, 0.01, 0.02, 0.04, 0.08)
 SEEDS = (0, 1)
 PAIR_SEEDS = (0, 1, 2)   # the dense / Switch-8 pair and its continuation: a third seed, where
@@ -73,7 +76,8 @@ def at_best(best: dict, steps: int) -> list[Run]:
     """The headline questions again at each model's best rate and schedule (the grid's, which
     decays): a second seed of the pair, and Figure 4's rungs (16 and 32 experts, at Switch-8's
     best rate: a Switch model's rate is the router's and the dense layers', which the expert
-    count leaves alone) on both seeds. Each is compared with dense of its own seed."""
+    count leaves alone) on both seeds, Table 1's rows, and the dense upper bound (dense_wide,
+    at dense's best rate) on both seeds. Each is compared with dense of its own seed."""
     dense = lambda seed: name("dense", best["dense"], seed=seed)  # noqa: E731
     out = [Run(name(m, best[m], seed=s), model, (f"--config.learning_rate={best[m]:g}",),
                seed=s, baseline=None if m == "dense" else dense(s))
@@ -85,6 +89,9 @@ def at_best(best: dict, steps: int) -> list[Run]:
     out += [Run(name(m, best["switch_8"], seed=s), MODELS["switch_8"], rate + flags,
                 seed=s, baseline=dense(s))
             for s in SEEDS for m, flags in TABLE1.items()]
+    wide = (f"--config.learning_rate={best['dense']:g}",)
+    out += [Run(name(m, best["dense"], seed=s), model, wide, seed=s, baseline=dense(s))
+            for m, model in WIDE.items() for s in SEEDS]
     # twice the budget: each best-rate run continued (lm_claims' dense_long and switch_8_long;
     # resume is bitwise and the schedule ignores the total, so this is the longer run from
     # scratch), seed 0 of both before seed 1, before seed 2
@@ -103,7 +110,8 @@ def names(rates) -> set[str]:
     the seed and expert-count runs of at_best (which of those trains follows the report's best
     rates)."""
     return ({name(m, r, const) for m in MODELS for r in rates for const in (False, True)}
-            | {name(m, r, seed=s) for m in (*RUNGS, *TABLE1) for r in rates for s in SEEDS}
+            | {name(m, r, seed=s) for m in (*RUNGS, *TABLE1, *WIDE) for r in rates
+               for s in SEEDS}
             | {name(m, r, seed=s) for m in MODELS for r in rates for s in PAIR_SEEDS}
             | {long(m, r, s) for m in MODELS for r in rates for s in PAIR_SEEDS})
 
@@ -136,9 +144,10 @@ def at_best_claims(result: dict, best: dict) -> dict:
     run names, each mapped onto this sweep's run (``runs`` in the answer says which)."""
     rate = {m: best[m]["rate"] for m in MODELS}
     rate.update({m: rate["switch_8"] for m in (*RUNGS, *TABLE1)})
+    rate.update({m: rate["dense"] for m in WIDE})
     key = harness.seeded_name                          # lm_claims' run names
     names, mapped = {}, {}
-    for m in (*MODELS, *RUNGS, *TABLE1):
+    for m in (*MODELS, *RUNGS, *TABLE1, *WIDE):
         for s in PAIR_SEEDS if m in MODELS else SEEDS:
             run = result["runs"].get(name(m, rate[m], seed=s))
             if run and run["finished"]:
@@ -172,8 +181,9 @@ def main(argv=None) -> int:
                    "share the sweep, e.g. lm_claims' runs/lm/dense/tokenizer.model)")
     p.add_argument("--runs", nargs="+", help="train only these (default: every unfinished "
                    "grid run, then at the best rates the constant-schedule runs and the "
-                   "seed-1 pair, the 16/32-expert rungs and Switch Table 1's rows on two "
-                   "seeds, and the pair continued to twice the steps: eighteen runs more)")
+                   "pair's seeds 1 and 2, the 16/32-expert rungs, Switch Table 1's rows and "
+                   "the dense upper bound dense_wide on two seeds, and the pair continued to "
+                   "twice the steps on three: twenty-eight runs more)")
     p.add_argument("--report", action="store_true", help="only collect what has run")
     harness.publish_argument(p)
     args = p.parse_args(argv)
@@ -193,15 +203,20 @@ def main(argv=None) -> int:
                              runs=runs(rates, args.steps, best), steps=args.steps,
                              eval_every=args.eval_every, flags=flags, vocab=args.vocab,
                              title="dense and Switch-8 by learning rate")
-    about = lambda s: harness.collect(s, args.out, harness.command_line("lr_sweep.py", args))  # noqa: E731
     grid = study()
+    # the build of the text the runs read (runs/corpus is rebuilt as Debian moves) and its size
+    # in the study's tokens; the published runs of the same text and tokens are carried over
+    vocab = args.vocab or args.out / grid.runs[0].name / "tokenizer.model"
+    about = lambda s: harness.collect(  # noqa: E731
+        s, args.out, harness.command_line("lr_sweep.py", args),
+        corpus=lm_claims.corpus_about(args.corpus, vocab))
     unknown = sorted(set(args.runs or ()) - names(rates))
     if unknown:
         print(f"error: --runs {unknown}: not runs of this sweep (names: MODEL_lrRATE, "
               "MODEL_lrRATE_const, MODEL_lrRATE_long or MODEL_lrRATE_s1, MODEL dense or "
               "switch_8, or switch_16 / "
-              "switch_32 or a Table 1 row (top2_8, switch_8_cf1.0, top2_8_cf1.0, switch_8_cf2.0, "
-              "top2_8_cf2.0) without _const; RATE one of --rates)",
+              "switch_32, dense_wide or a Table 1 row (top2_8, switch_8_cf1.0, top2_8_cf1.0, "
+              "switch_8_cf2.0, top2_8_cf2.0) without _const; RATE one of --rates)",
               file=sys.stderr)
         return 2
     wanted = lambda names: [n for n in names if not args.runs or n in args.runs]  # noqa: E731
@@ -213,10 +228,6 @@ def main(argv=None) -> int:
     if not args.report and later:
         harness.run(full, args.out, only=later)
     result = about(full)
-    # the build of the text the runs read (runs/corpus is rebuilt as Debian moves) and its size
-    # in the study's tokens
-    vocab = args.vocab or args.out / grid.runs[0].name / "tokenizer.model"
-    result["corpus"] = lm_claims.corpus_about(args.corpus, vocab)
     result["rates"] = rates
     result["best"] = best_rates(result, rates)
     result["switch_minus_dense"] = {
@@ -244,7 +255,7 @@ def main(argv=None) -> int:
             mapped = res["at_best"]["runs"]        # lm_claims' name -> this sweep's run
             rows = {mapped[k] for k in mapped if k.removesuffix("_s1") in TABLE1}
             longs = {mapped[k] for k in mapped if "_long" in k}
-            panels["at each model's best rate: seeds, experts, constant schedule"] = [
+            panels["at each model's best rate: seeds, experts, width, constant schedule"] = [
                 n for n in done if (n in mapped.values() or "_const" in n)
                 and n not in rows | longs]
             pair = [mapped[k] for k in ("dense", "switch_8", "dense_s1", "switch_8_s1")

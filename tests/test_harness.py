@@ -124,3 +124,40 @@ def test_the_run_record_keeps_what_another_process_wrote_meanwhile(tmp_path, mon
     record = json.loads((tmp_path / "seconds.json").read_text())
     assert record["commits"] == {"a": "this-commit", "b": "other-commit"}
     assert record["b"] == 12.5 and record["a"] >= 0
+
+
+def test_a_run_out_no_longer_holds_is_carried_from_the_published_result_of_the_same_text(
+        tmp_path):
+    """runs/ is scratch (a new checkout starts without it): collect takes a run --out does not
+    hold from the published JSON, but only one trained on the same text in the same tokens."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    corpus = {"sha1": "c0", "train": {"tokens": 1000}, "eval": {"tokens": 20}}
+
+    def run(losses, baseline):
+        return {"model": "m", "flags": [], "seed": 0, "baseline": baseline, "finished": True,
+                "steps": [2, 4], "eval_loss": losses, "final_eval_loss": losses[-1],
+                "commit": "1234567aaa"}
+    (docs / "s.json").write_text(json.dumps({
+        "commit": "abcdef0123", "corpus": corpus,
+        "runs": {"dense": run([5.0, 4.0], "dense"), "switch": run([4.5, 3.8], "dense")}}))
+    lines = []
+    carried = harness.published_runs("s", {**corpus, "tokenizer_sha1": "t"}, docs, lines.append)
+    assert set(carried) == {"dense", "switch"} and not lines
+    assert carried["switch"]["carried_from"] == "docs/s.json at abcdef0"
+    for other, differs in (({**corpus, "sha1": "c1"}, "sha1"),
+                           ({**corpus, "eval": {"tokens": 21}}, "eval.tokens"),
+                           ({"sha1": "c0"}, "train.tokens, eval.tokens")):
+        assert harness.published_runs("s", other, docs, lines.append) == {}
+        assert lines[-1].endswith(f"its corpus differs from this one in {differs}")
+    assert harness.published_runs("none", corpus, docs, lines.append) == {}   # nothing published
+
+    s = harness.Study(name="s", config="configs/mini.py", steps=4, eval_every=2,
+                      runs=[harness.Run("dense", "dense_tiny", baseline="dense"),
+                            harness.Run("switch", "switch_tiny", baseline="dense"),
+                            harness.Run("gone", "dense_tiny")])
+    result = harness.collect(s, tmp_path / "runs", "cmd", published=carried)
+    assert list(result["runs"]) == ["dense", "switch"]      # "gone" is neither here nor there
+    sw = result["runs"]["switch"]
+    assert sw["commit"] == "1234567aaa" and sw["eval_loss_minus_baseline"] == -0.2
+    assert sw["steps_to_baseline_final_loss"] == 3          # dense's 4.0 at 2 + 0.5 / 0.7 x 2

@@ -4,6 +4,8 @@ from finished runs with a flag where it lies at an end of the grid, and one-line
 import pathlib
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
@@ -202,3 +204,34 @@ def test_the_speedup_by_budget_is_drawn(tmp_path):
     path = tmp_path / "speedup.png"
     plots.plot_fractions({"switch_8 vs dense": [[200, 1.0], [400, None], [600, 0.8]]}, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_dense_upper_bound_at_denses_best_rate_on_two_seeds():
+    """dense_wide (Switch-8's parameters as dense FFNs) trains at dense's best rate on both
+    seeds, and lm_claims' upper-bound question reads it like for like by seed."""
+    runs = {r.name: r for r in lr_sweep.runs((0.02, 0.04), 2400, {"dense": 0.04,
+                                                                   "switch_8": 0.02})}
+    for seed, tail in ((0, ""), (1, "_s1")):
+        wide = runs["dense_wide_lr0.04" + tail]
+        assert (wide.model, wide.seed, wide.baseline, wide.flags) == (
+            "dense_lm_cpu_wide", seed, "dense_lr0.04" + tail, ("--config.learning_rate=0.04",))
+    assert "dense_wide_lr0.02" not in runs and "dense_wide_lr0.04_s1" in lr_sweep.names((0.04,))
+
+    def run(model, loss, seed, rate):
+        return {"model": model, "flags": [f"--config.learning_rate={rate:g}"], "seed": seed,
+                "train_steps": 400, "starts_from": None, "finished": True, "steps": [200, 400],
+                "eval_loss": [9.0, loss], "final_eval_loss": loss,
+                "fraction_of_baseline_steps": None}
+    result = {"runs": {"dense_lr0.04": run("dense_lm_cpu", 4.0, 0, 0.04),
+                       "dense_lr0.04_s1": run("dense_lm_cpu", 4.1, 1, 0.04),
+                       "switch_8_lr0.02": run("switch_lm_cpu_8", 3.9, 0, 0.02),
+                       "switch_8_lr0.02_s1": run("switch_lm_cpu_8", 4.0, 1, 0.02),
+                       "dense_wide_lr0.04": run("dense_lm_cpu_wide", 3.85, 0, 0.04),
+                       "dense_wide_lr0.04_s1": run("dense_lm_cpu_wide", 3.97, 1, 0.04)}}
+    claims = lr_sweep.at_best_claims(result, {"dense": {"rate": 0.04},
+                                              "switch_8": {"rate": 0.02}})
+    assert claims["runs"]["dense_wide_s1"] == "dense_wide_lr0.04_s1"
+    bound = claims["dense_upper_bound"]
+    assert bound["dense_wide_minus_switch_8"] == pytest.approx(-0.05)
+    c = bound["against_dense_wide"]["switch_8"]       # Switch behind by 0.05 and 0.03
+    assert c["seeds"] == [0, 1] and c["gaps"] == [-0.05, -0.03] and not c["better"]

@@ -100,3 +100,30 @@ def test_span_stack_effects_judge_the_dense_encoder_switch_against_dense_and_swi
     assert names[dec + "_s2"].baseline == "dense_lr0.04_s2"
     assert names[dec].model == "switch_sc_cpu_8_dec"
     assert names["switch_8_enc_nojitter_lr0.04_s1"].model == "switch_sc_cpu_8_enc"
+
+
+def test_a_router_changes_second_seed_is_read_against_switch_8_and_dense_of_its_seed():
+    z = ["--config.moe.z_loss_weight=0.001"]
+    steps = [1200, 2400]
+    runs = {"dense": summary(steps, [4.0, 3.78], model="dense_sc_cpu", baseline="dense"),
+            "dense_s1": summary(steps, [4.1, 3.90], seed=1, model="dense_sc_cpu",
+                                baseline="dense_s1"),
+            "switch_8": summary(steps, [4.1, 3.83], model="switch_sc_cpu_8", baseline="dense"),
+            "switch_8_s1": summary(steps, [4.1, 3.95], seed=1, model="switch_sc_cpu_8",
+                                   baseline="dense_s1"),
+            "switch_8_zloss": summary(steps, [4.0, 3.70], model="switch_sc_cpu_8", flags=z,
+                                      baseline="dense"),
+            "switch_8_zloss_s1": summary(steps, [4.0, 3.85], seed=1, model="switch_sc_cpu_8",
+                                         flags=z, baseline="dense_s1")}
+    out = span_claims.router_effects({"runs": runs})
+    s1 = out["switch_8_zloss_s1"]
+    assert s1["minus_switch_8"] == pytest.approx(-0.10)
+    assert s1["minus_dense"] == pytest.approx(-0.05)
+    paired = out["switch_8_zloss"]["against_dense"]           # both seeds, like for like
+    assert paired["seeds"] == [0, 1] and paired["gaps"] == [0.08, 0.05]
+    assert paired["noise_from"] == "paired"
+    second = {r.name: r for r in span_claims.ROUTER if r.seed == 1}
+    assert set(second) == {"switch_8_nojitter_s1", "switch_8_zloss_s1",
+                           "switch_8_router_lr10_s1", "switch_8_enc0_s1"}
+    assert second["switch_8_enc0_s1"].model == "switch_sc_cpu_8_enc0"
+    assert {r.baseline for r in second.values()} == {"dense_s1"}
