@@ -112,7 +112,10 @@ def study(args) -> harness.Study:
 
 def corpus_about(corpus: pathlib.Path, tokenizer: pathlib.Path) -> dict:
     """corpus.json's sources and sha1, and its size in tokens of the study's vocabulary (counted
-    once per corpus and tokenizer: cached beside the tokenizer)."""
+    once per corpus and tokenizer: cached beside the tokenizer); {} for a corpus that
+    switchzoo.data.english did not build (no corpus.json)."""
+    if not (corpus / "corpus.json").is_file():
+        return {}
     about = json.loads((corpus / "corpus.json").read_text())
     if not tokenizer.is_file():
         return about

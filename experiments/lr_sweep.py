@@ -220,6 +220,14 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     wanted = lambda names: [n for n in names if not args.runs or n in args.runs]  # noqa: E731
+    best = {m: b["rate"] for m, b in best_rates(about(grid), rates).items()}
+    idle = sorted(set(args.runs or ()) - {r.name for r in study(best).runs})
+    if idle and not args.report:         # a run of another rate than the best: nothing trains it
+        rated = ", ".join(f"{m} {r:g}" for m, r in best.items()) or "none yet"
+        print(f"error: --runs {idle}: the runs beyond the grid train at each model's best "
+              f"rate, which the finished grid puts at: {rated}; name them at that rate "
+              "(or finish the grid first)", file=sys.stderr)
+        return 2
     if not args.report and wanted(r.name for r in grid.runs):
         harness.run(grid, args.out, only=wanted(r.name for r in grid.runs))
     best = {m: b["rate"] for m, b in best_rates(about(grid), rates).items()}

@@ -54,6 +54,12 @@ def test_refusals_in_one_line(tmp_path, capsys):
     assert "must be a positive number" in capsys.readouterr().err
     assert lr_sweep.main(["--out", str(tmp_path / "o"), "--corpus", str(tmp_path / "none")]) == 2
     assert "no " in capsys.readouterr().err
+    # a nameable run that no best rate trains (no grid run has finished here) is refused, not
+    # passed over in silence
+    assert lr_sweep.main(["--out", str(tmp_path / "o"), "--corpus", str(tmp_path),
+                          "--runs", "dense_wide_lr0.01"]) == 2
+    assert "puts at: none yet" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "dense_wide_lr0.01").exists()
 
 
 def test_every_grid_constant_schedule_and_best_rate_run_can_be_named():
