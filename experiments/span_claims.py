@@ -57,7 +57,7 @@ RUNS = [
     Run("switch_8_s1", "switch_sc_cpu_8", seed=1, baseline="dense_s1"),
 ]
 # The encoder's router does not commit (its entropy stays near uniform's): what the literature
-# does about a router, each one change to switch_8 at seed 0 (trained only when named in --runs)
+# does about a router, each one change to switch_8, at seeds 0 and 1 (trained only when named)
 _Z, _LR10, _ENC0 = (
     Run("switch_8_zloss", "switch_sc_cpu_8", ("--config.moe.z_loss_weight=0.001",),
         baseline="dense"),                               # ST-MoE's router z-loss
