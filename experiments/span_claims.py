@@ -26,6 +26,10 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
                                   no-jitter Switch-8 at 0.04 with one Switch layer, in the
                                   decoder (a dense encoder) or the encoder (a dense decoder);
                                   only when named
+    dense_lr0.04_b128, switch_8_nojitter_lr0.04_b128
+                                  the 0.04 pair at 4x the batch for 600 steps (the same tokens,
+                                  the warm-up / 4): each expert sees 4x the tokens a step; only
+                                  when named
 
 32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
 encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
@@ -101,13 +105,24 @@ ONE_STACK = [Run(harness.seeded_name(f"switch_8_{stack}_nojitter_lr0.04", seed),
                seed=seed, baseline=harness.seeded_name("dense_lr0.04", seed))
            for stack, model in STACKS.items() for seed in (0, 1, 2)]
 BATCH, INPUTS, TARGETS = 32, 128, 29
+# Does Switch-8 fit span corruption slowly because its experts see few tokens a step (the
+# decoder's an eighth of 32 x 29 target positions, ~116, where an LM Switch layer's see ~480)?
+# The 0.04 pair (seed 0) at 4x the batch for a quarter of the 2,400 steps: the same tokens on
+# the same schedule in tokens (warm-up 250 / 4), each expert ~4x the tokens a step; trained
+# only when named
+WIDER = 4
+BATCHED = [Run(f"{r.name}_b{BATCH * WIDER}", r.model,
+               r.flags + (f"--config.per_device_batch_size={BATCH * WIDER}",
+                          f"--config.warmup_steps={250 // WIDER}"),
+               steps=2400 // WIDER, baseline=f"dense_lr0.04_b{BATCH * WIDER}")
+           for r in rated(0.04)]
 
 
 def study(args) -> harness.Study:
     corpus = pathlib.Path(args.corpus).resolve()
     return harness.Study(
-        name=args.name, config="configs/c4_cpu.py", runs=RUNS + ROUTER + RATES + ONE_STACK,
-        steps=args.steps,
+        name=args.name, config="configs/c4_cpu.py",
+        runs=RUNS + ROUTER + RATES + ONE_STACK + BATCHED, steps=args.steps,
         eval_every=args.eval_every, title="Switch vs dense, span corruption on English prose",
         vocab=None if args.vocab is None else args.vocab.resolve(),
         flags=(f"--config.per_device_batch_size={BATCH}", "--config.data.source=files",
@@ -134,6 +149,9 @@ def plot(result: dict, path: pathlib.Path) -> None:
         panels["one Switch layer: in the decoder alone or the encoder alone, 0.04"] = [
             n for n in ("dense_lr0.04", "switch_8_nojitter_lr0.04") if n in result["runs"]
         ] + one_stack
+    batched = [r.name for r in BATCHED if r.name in result["runs"]]
+    if batched:
+        panels[f"0.04 at {WIDER}x the batch, a quarter of the steps (seed 0)"] = batched
     harness.plot_curves(result, path, panels)
     pairs = {n: c for n, c in result.get("train_and_held_out", {}).items()
              if n.startswith("switch_8_nojitter")}      # the one-stack runs: in the JSON only
@@ -182,6 +200,27 @@ def stack_effects(result: dict) -> dict:
     return out
 
 
+def batch_effects(result: dict) -> dict:
+    """The 0.04 pair at WIDER x the batch (BATCHED), once both finished: each one's final loss,
+    Switch minus dense there and at the study's batch (the same seed and tokens), and the verdict
+    at the wider batch under the study's rule (one seed: its reference spread)."""
+    runs = {n: r for n, r in result["runs"].items() if r["finished"]}
+    dense, switch = (r.name for r in BATCHED)
+    if dense not in runs or switch not in runs:
+        return {}
+    out = {"batch": BATCH * WIDER, "steps": runs[dense]["train_steps"],
+           "dense": runs[dense]["final_eval_loss"],
+           "switch_8_nojitter": runs[switch]["final_eval_loss"],
+           "switch_minus_dense": round(runs[switch]["final_eval_loss"]
+                                       - runs[dense]["final_eval_loss"], 4),
+           "switch_better": verdicts.compare({**result, "runs": runs}, switch, dense)}
+    narrow = [runs.get(r.name) for r in rated(0.04)]
+    if all(narrow):
+        out[f"switch_minus_dense_at_batch_{BATCH}"] = round(
+            narrow[1]["final_eval_loss"] - narrow[0]["final_eval_loss"], 4)
+    return out
+
+
 def router_effects(result: dict) -> dict:
     """Each finished ROUTER run against switch_8 and dense of its own seed: its final held-out
     loss, the margins, the verdict against dense under the study's noise rule (like for like
@@ -212,7 +251,7 @@ def router_effects(result: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    lm_claims.arguments(p, "span_claims", RUNS + ROUTER + RATES + ONE_STACK,
+    lm_claims.arguments(p, "span_claims", RUNS + ROUTER + RATES + ONE_STACK + BATCHED,
                         [r.name for r in RUNS])
     p.add_argument("--vocab", type=pathlib.Path, default=None,
                    help="lm_claims' tokenizer.model (runs/lm/dense/tokenizer.model), so both "
@@ -247,6 +286,7 @@ def main(argv=None) -> int:
     result["router_effects"] = router_effects(result)
     result["rate_effects"] = rate_effects(result)
     result["stack_effects"] = stack_effects(result)
+    result["batch_effects"] = batch_effects(result)
     # training against held-out loss at 0.04, each Switch run against dense of its seed: does
     # the model with the more parameters fit the text it has seen faster than the rest?
     result["train_and_held_out"] = verdicts.train_and_held_out_pairs(result, [
@@ -256,7 +296,8 @@ def main(argv=None) -> int:
     print(lm_claims.markdown(result))
     print(json.dumps({"claims": result["claims"], "router_effects": result["router_effects"],
                       "rate_effects": result["rate_effects"],
-                      "stack_effects": result["stack_effects"]}, indent=1))
+                      "stack_effects": result["stack_effects"],
+                      "batch_effects": result["batch_effects"]}, indent=1))
     return 0
 
 

@@ -127,3 +127,26 @@ def test_a_router_changes_second_seed_is_read_against_switch_8_and_dense_of_its_
                            "switch_8_router_lr10_s1", "switch_8_enc0_s1"}
     assert second["switch_8_enc0_s1"].model == "switch_sc_cpu_8_enc0"
     assert {r.baseline for r in second.values()} == {"dense_s1"}
+
+
+def test_the_pair_at_four_times_the_batch_sees_the_same_tokens_on_the_same_schedule():
+    dense, switch = span_claims.BATCHED
+    assert (dense.steps, switch.steps) == (600, 600)            # 2,400 steps of 32 -> 600 of 128
+    assert "--config.per_device_batch_size=128" in switch.flags
+    assert "--config.warmup_steps=62" in switch.flags and "--config.moe.jitter=0" in switch.flags
+    assert switch.baseline == dense.name == "dense_lr0.04_b128"
+    runs = {"dense_lr0.04": summary([1200, 2400], [3.5, 3.23], model="dense_sc_cpu",
+                                    flags=["--config.learning_rate=0.04"]),
+            "switch_8_nojitter_lr0.04": summary([1200, 2400], [3.5, 3.28], model="switch_sc_cpu_8",
+                                                flags=["x"]),
+            dense.name: summary([200, 600], [4.0, 3.40], model="dense_sc_cpu", flags=dense.flags),
+            switch.name: summary([200, 600], [4.0, 3.35], model="switch_sc_cpu_8",
+                                 flags=switch.flags, finished=False)}
+    assert span_claims.batch_effects({"runs": runs}) == {}        # the pair has not finished
+    runs[switch.name]["finished"] = True
+    out = span_claims.batch_effects({"runs": runs})
+    assert (out["batch"], out["steps"]) == (128, 600)
+    assert out["switch_minus_dense"] == pytest.approx(-0.05)
+    assert out["switch_minus_dense_at_batch_32"] == pytest.approx(0.05)
+    assert out["switch_better"]["runs"] == [switch.name, dense.name]
+    assert out["switch_better"]["better"] is True
