@@ -135,7 +135,8 @@ def rungs_over_seeds(result: dict, others: list[dict]) -> dict:
     """Each rung against the one below over every seed that ran (this result's and
     ``others``', the same series on other seeds): the held-out loss (verdicts.compare) and the
     table's metric (BLEU: higher is better; word perplexity: lower), each by the paired rule,
-    and the metric's mean over the seeds."""
+    and the metric's mean over the seeds. A rung this result did not train (--runs left it
+    out) is judged by the results that hold it, not here."""
     metric = result["table"]["metric"]
     seeded, every = verdicts.with_seeds(result, others), [result, *others]
     out = {}
@@ -144,7 +145,7 @@ def rungs_over_seeds(result: dict, others: list[dict]) -> dict:
         out[r.name] = {f"{metric}_by_seed": {str(k): round(v, 4) for k, v in sorted(
             values.items())}, f"{metric}_mean": round(sum(values.values()) / len(values), 4)
             if values else None}
-        if r.baseline:
+        if r.baseline and r.name in result["runs"]:
             loss = verdicts.compare(seeded, r.name, r.baseline)
             m = noise.compare(values, by_seed(every, r.baseline, metric),
                               higher_is_better=metric == "bleu")

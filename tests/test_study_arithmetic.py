@@ -259,6 +259,9 @@ def test_mtf_rungs_are_judged_over_seeds_by_loss_and_by_the_tables_metric():
     assert h2["bleu_vs_below"]["verdict"] == "better, within noise"
     assert h2["loss_vs_below"]["verdict"] == "better, beyond noise"
     assert "loss_vs_below" not in seeds["h1"] and seeds["h1"]["bleu_mean"] == 19.5
+    # a seed that trained h1 alone judges no rung: h2 is judged where it ran
+    alone = {**one, "runs": {"h1": one["runs"]["h1"]}}
+    assert "bleu_vs_below" not in mtf_tables.rungs_over_seeds(alone, [zero])["h2"]
 
 
 def test_routing_family_lm_study_on_another_seed_reads_one_vocabulary(tmp_path):
