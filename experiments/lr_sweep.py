@@ -230,7 +230,7 @@ def main(argv=None) -> int:
         return 2
     if not args.report and wanted(r.name for r in grid.runs):
         harness.run(grid, args.out, only=wanted(r.name for r in grid.runs))
-    best = {m: b["rate"] for m, b in best_rates(about(grid), rates).items()}
+        best = {m: b["rate"] for m, b in best_rates(about(grid), rates).items()}   # again
     full = study(best)
     later = wanted(r.name for r in full.runs if r.name not in {g.name for g in grid.runs})
     if not args.report and later:

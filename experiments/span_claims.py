@@ -265,6 +265,12 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     s = study(args)
+    batched = sorted(set(args.runs) & {r.name for r in BATCHED})
+    if batched and not args.report and (args.steps, args.warmup) != (2400, 250):
+        print(f"error: --runs {batched}: the 4x-batch pair is the 2,400-step study's (600 steps, "
+              f"warm-up 62); run it with --steps 2400 --warmup 250, not {args.steps} / "
+              f"{args.warmup}", file=sys.stderr)
+        return 2
     if not args.report:
         harness.run(s, args.out, only=args.runs)
     harness.evaluate(s, args.out)

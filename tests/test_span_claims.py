@@ -150,3 +150,11 @@ def test_the_pair_at_four_times_the_batch_sees_the_same_tokens_on_the_same_sched
     assert out["switch_minus_dense_at_batch_32"] == pytest.approx(0.05)
     assert out["switch_better"]["runs"] == [switch.name, dense.name]
     assert out["switch_better"]["better"] is True
+
+
+def test_the_4x_batch_pair_is_refused_outside_the_2400_step_study(tmp_path, capsys):
+    (tmp_path / "train.txt").write_text("text\n")
+    assert span_claims.main(["--out", str(tmp_path / "o"), "--corpus", str(tmp_path),
+                             "--steps", "12000", "--runs", "dense_lr0.04_b128"]) == 2
+    assert "the 2,400-step study's" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "dense_lr0.04_b128").exists()
