@@ -17,7 +17,9 @@ steps: lr x sqrt(k / max(step, k)) never decays), the ``_const`` runs. Each run 
 --vocab so that no two processes train the vocabulary). The
 report (out/lr_sweep.json, or docs/ with --publish) gives every run's curve, each model's final
 loss by rate, its best rate (a rate that is best at an end of the grid is flagged: the optimum
-may lie beyond it) and the Switch-minus-dense gap at each rate and at each one's best.
+may lie beyond it) and the Switch-minus-dense gap at each rate and at each one's best; and
+``wide_rates``: the dense upper bound dense_wide, which at_best runs at dense's best rate, at
+the grid's rates either side of it too (seed 0), so that its own best rate is known.
 """
 from __future__ import annotations
 
@@ -69,7 +71,36 @@ def runs(rates, steps: int, best: dict | None = None) -> list[Run]:
                             f"--config.warmup_steps={steps}"),
                            baseline=None if m == "dense" else name("dense", best["dense"], True)
                            if "dense" in best else None))
-    return out + at_best(best, steps) if best and set(MODELS) <= set(best) else out
+    if not (best and set(MODELS) <= set(best)):
+        return out
+    return out + at_best(best, steps) + wide_bracket(rates, best)
+
+
+def wide_bracket(rates, best: dict) -> list[Run]:
+    """dense_wide (seed 0) at the grid's rates either side of dense's best, whose rate it
+    borrows: is the borrowed rate its own best too (wide_rates in the result)?"""
+    i = list(rates).index(best["dense"])
+    return [Run(name(m, r), model, (f"--config.learning_rate={r:g}",),
+                baseline=name("dense", best["dense"]))
+            for m, model in WIDE.items() for r in rates[max(i - 1, 0):i + 2]
+            if r != best["dense"]]
+
+
+def wide_rates(result: dict, rates, best: dict) -> dict:
+    """dense_wide's final held-out loss (seed 0) at each rate of its bracket that finished, its
+    best of them, and whether that is dense's best rate, at which at_best compares it."""
+    out = {}
+    for m in WIDE:
+        by_rate = {r: final(result, name(m, r)) for r in rates}
+        by_rate = {r: v for r, v in by_rate.items() if v is not None}
+        if len(by_rate) > 1:
+            own = min(by_rate, key=by_rate.get)
+            out[m] = {"by_rate": {f"{r:g}": v for r, v in by_rate.items()},
+                      "best_rate": own, "borrowed_rate": best["dense"]["rate"],
+                      "borrowed_rate_is_best": own == best["dense"]["rate"],
+                      "at_edge": own in (min(by_rate), max(by_rate))
+                      and own != best["dense"]["rate"]}
+    return out
 
 
 def at_best(best: dict, steps: int) -> list[Run]:
@@ -182,8 +213,9 @@ def main(argv=None) -> int:
     p.add_argument("--runs", nargs="+", help="train only these (default: every unfinished "
                    "grid run, then at the best rates the constant-schedule runs and the "
                    "pair's seeds 1 and 2, the 16/32-expert rungs, Switch Table 1's rows and "
-                   "the dense upper bound dense_wide on two seeds, and the pair continued to "
-                   "twice the steps on three: twenty-eight runs more)")
+                   "the dense upper bound dense_wide on two seeds and at the grid's rates "
+                   "either side of dense's best, and the pair continued to twice the steps on "
+                   "three: thirty runs more)")
     p.add_argument("--report", action="store_true", help="only collect what has run")
     harness.publish_argument(p)
     args = p.parse_args(argv)
@@ -249,6 +281,7 @@ def main(argv=None) -> int:
 
     if {"dense", "switch_8"} <= set(b):
         result["at_best"] = at_best_claims(result, b)
+        result["wide_rates"] = wide_rates(result, rates, b)
         # training against held-out loss of the pair at twice the budget (~2.9 passes over
         # the text): does Switch-8 fit the text it has seen faster than the text it has not?
         result["train_and_held_out"] = verdicts.train_and_held_out_pairs(result, [
@@ -264,7 +297,8 @@ def main(argv=None) -> int:
             rows = {mapped[k] for k in mapped if k.removesuffix("_s1") in TABLE1}
             longs = {mapped[k] for k in mapped if "_long" in k}
             panels["at each model's best rate: seeds, experts, width, constant schedule"] = [
-                n for n in done if (n in mapped.values() or "_const" in n)
+                n for n in done if (n in mapped.values() or "_const" in n
+                                    or any(n.startswith(m + "_lr") for m in WIDE))
                 and n not in rows | longs]
             pair = [mapped[k] for k in ("dense", "switch_8", "dense_s1", "switch_8_s1")
                     if k in mapped]

@@ -26,10 +26,10 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
                                   no-jitter Switch-8 at 0.04 with one Switch layer, in the
                                   decoder (a dense encoder) or the encoder (a dense decoder);
                                   only when named
-    dense_lr0.04_b128, switch_8_nojitter_lr0.04_b128
+    dense_lr0.04_b128, switch_8_nojitter_lr0.04_b128 (_s1, _s2)
                                   the 0.04 pair at 4x the batch for 600 steps (the same tokens,
-                                  the warm-up / 4): each expert sees 4x the tokens a step; only
-                                  when named
+                                  the warm-up / 4): each expert sees 4x the tokens a step; seeds
+                                  0, 1 and 2; only when named
 
 32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
 encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
@@ -107,15 +107,26 @@ ONE_STACK = [Run(harness.seeded_name(f"switch_8_{stack}_nojitter_lr0.04", seed),
 BATCH, INPUTS, TARGETS = 32, 128, 29
 # Does Switch-8 fit span corruption slowly because its experts see few tokens a step (the
 # decoder's an eighth of 32 x 29 target positions, ~116, where an LM Switch layer's see ~480)?
-# The 0.04 pair (seed 0) at 4x the batch for a quarter of the 2,400 steps: the same tokens on
-# the same schedule in tokens (warm-up 250 / 4), each expert ~4x the tokens a step; trained
-# only when named
+# The 0.04 pair at 4x the batch for a quarter of the 2,400 steps: the same tokens on the same
+# schedule in tokens (warm-up 250 / 4), each expert ~4x the tokens a step; seeds 0, 1 and 2
+# (dense_lr0.04_b128, _s1, _s2); trained only when named
 WIDER = 4
-BATCHED = [Run(f"{r.name}_b{BATCH * WIDER}", r.model,
-               r.flags + (f"--config.per_device_batch_size={BATCH * WIDER}",
-                          f"--config.warmup_steps={250 // WIDER}"),
-               steps=2400 // WIDER, baseline=f"dense_lr0.04_b{BATCH * WIDER}")
-           for r in rated(0.04)]
+
+
+def batched(seed: int) -> list[Run]:
+    """The 0.04 pair of ``seed`` at WIDER x the batch for 2,400 / WIDER steps."""
+    def name(r: Run) -> str:             # dense_lr0.04_s2 -> dense_lr0.04_b128_s2
+        return harness.seeded_name(r.name.removesuffix(f"_s{seed}") + f"_b{BATCH * WIDER}", seed)
+
+    pair = rated(0.04, seed)
+    return [Run(name(r), r.model,
+                r.flags + (f"--config.per_device_batch_size={BATCH * WIDER}",
+                           f"--config.warmup_steps={250 // WIDER}"),
+                seed=seed, steps=2400 // WIDER, baseline=name(pair[0]))
+            for r in pair]
+
+
+BATCHED = [r for seed in (0, 1, 2) for r in batched(seed)]
 
 
 def study(args) -> harness.Study:
@@ -201,23 +212,30 @@ def stack_effects(result: dict) -> dict:
 
 
 def batch_effects(result: dict) -> dict:
-    """The 0.04 pair at WIDER x the batch (BATCHED), once both finished: each one's final loss,
-    Switch minus dense there and at the study's batch (the same seed and tokens), and the verdict
-    at the wider batch under the study's rule (one seed: its reference spread)."""
+    """The 0.04 pair at WIDER x the batch (BATCHED) over the seeds where both finished: each
+    one's final loss by seed, Switch minus dense of each seed there and at the study's batch
+    (the same seed and tokens), and the verdict at the wider batch under the study's rule
+    (paired by seed; with one seed, its reference spread)."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
-    dense, switch = (r.name for r in BATCHED)
-    if dense not in runs or switch not in runs:
+    done = [seed for seed in (0, 1, 2) if all(r.name in runs for r in batched(seed))]
+    if not done:
         return {}
-    out = {"batch": BATCH * WIDER, "steps": runs[dense]["train_steps"],
-           "dense": runs[dense]["final_eval_loss"],
-           "switch_8_nojitter": runs[switch]["final_eval_loss"],
-           "switch_minus_dense": round(runs[switch]["final_eval_loss"]
-                                       - runs[dense]["final_eval_loss"], 4),
-           "switch_better": verdicts.compare({**result, "runs": runs}, switch, dense)}
-    narrow = [runs.get(r.name) for r in rated(0.04)]
-    if all(narrow):
-        out[f"switch_minus_dense_at_batch_{BATCH}"] = round(
-            narrow[1]["final_eval_loss"] - narrow[0]["final_eval_loss"], 4)
+    dense, switch = batched(done[0])
+    finished = {**result, "runs": runs}
+
+    def gap(pair):
+        return round(runs[pair[1].name]["final_eval_loss"]
+                     - runs[pair[0].name]["final_eval_loss"], 4)
+
+    out = {"batch": BATCH * WIDER, "steps": runs[dense.name]["train_steps"], "seeds": done,
+           "dense": {s: runs[batched(s)[0].name]["final_eval_loss"] for s in done},
+           "switch_8_nojitter": {s: runs[batched(s)[1].name]["final_eval_loss"] for s in done},
+           "switch_minus_dense": {s: gap(batched(s)) for s in done},
+           "switch_better": verdicts.compare(finished, switch.name, dense.name)}
+    narrow = {s: gap(rated(0.04, s)) for s in done
+              if all(r.name in runs for r in rated(0.04, s))}
+    if narrow:
+        out[f"switch_minus_dense_at_batch_{BATCH}"] = narrow
     return out
 
 

@@ -221,7 +221,10 @@ def test_the_dense_upper_bound_at_denses_best_rate_on_two_seeds():
         wide = runs["dense_wide_lr0.04" + tail]
         assert (wide.model, wide.seed, wide.baseline, wide.flags) == (
             "dense_lm_cpu_wide", seed, "dense_lr0.04" + tail, ("--config.learning_rate=0.04",))
-    assert "dense_wide_lr0.02" not in runs and "dense_wide_lr0.04_s1" in lr_sweep.names((0.04,))
+    assert "dense_wide_lr0.04_s1" in lr_sweep.names((0.04,))
+    bracket = runs["dense_wide_lr0.02"]           # its own best rate: the grid's neighbours
+    assert (bracket.seed, bracket.baseline) == (0, "dense_lr0.04")
+    assert "dense_wide_lr0.02_s1" not in runs
 
     def run(model, loss, seed, rate):
         return {"model": model, "flags": [f"--config.learning_rate={rate:g}"], "seed": seed,
@@ -241,3 +244,29 @@ def test_the_dense_upper_bound_at_denses_best_rate_on_two_seeds():
     assert bound["dense_wide_minus_switch_8"] == pytest.approx(-0.05)
     c = bound["against_dense_wide"]["switch_8"]       # Switch behind by 0.05 and 0.03
     assert c["seeds"] == [0, 1] and c["gaps"] == [-0.05, -0.03] and not c["better"]
+
+
+def test_dense_wide_at_the_rates_either_side_of_denses_best():
+    """dense_wide borrows dense's best rate; the bracket (seed 0, the grid's neighbours of that
+    rate) says whether the borrowed rate is its own best."""
+    rates = (0.005, 0.01, 0.02, 0.04, 0.08)
+    got = {r.name for r in lr_sweep.runs(rates, 2400, {"dense": 0.04, "switch_8": 0.04})}
+    assert {"dense_wide_lr0.02", "dense_wide_lr0.08"} <= got
+    assert "dense_wide_lr0.01" not in got and "dense_wide_lr0.08_s1" not in got
+    edge = {r.name for r in lr_sweep.runs(rates, 2400, {"dense": 0.08, "switch_8": 0.04})}
+    assert "dense_wide_lr0.04" in edge and "dense_wide_lr0.16" not in edge   # one neighbour
+
+    def result(losses, going=()):
+        return {"runs": {n: {"eval_loss": [9.0, v], "finished": n not in going}
+                         for n, v in losses.items()}}
+    best = {"dense": {"rate": 0.04}}
+    own = lr_sweep.wide_rates(result({"dense_wide_lr0.02": 4.10, "dense_wide_lr0.04": 4.06,
+                                      "dense_wide_lr0.08": 4.08}), rates, best)["dense_wide"]
+    assert own["by_rate"] == {"0.02": 4.10, "0.04": 4.06, "0.08": 4.08}
+    assert own["borrowed_rate_is_best"] and not own["at_edge"]
+    lower = lr_sweep.wide_rates(result({"dense_wide_lr0.02": 4.00, "dense_wide_lr0.04": 4.06,
+                                        "dense_wide_lr0.08": 4.2}), rates, best)["dense_wide"]
+    assert lower["best_rate"] == 0.02 and not lower["borrowed_rate_is_best"] and lower["at_edge"]
+    # a bracket run still training is not read; one rate alone answers nothing
+    assert lr_sweep.wide_rates(result({"dense_wide_lr0.02": 3.0, "dense_wide_lr0.04": 4.06},
+                                      going=("dense_wide_lr0.02",)), rates, best) == {}

@@ -130,7 +130,12 @@ def test_a_router_changes_second_seed_is_read_against_switch_8_and_dense_of_its_
 
 
 def test_the_pair_at_four_times_the_batch_sees_the_same_tokens_on_the_same_schedule():
-    dense, switch = span_claims.BATCHED
+    assert [r.name for r in span_claims.batched(2)] == [
+        "dense_lr0.04_b128_s2", "switch_8_nojitter_lr0.04_b128_s2"]
+    assert {r.seed for r in span_claims.batched(2)} == {2}
+    assert {r.baseline for r in span_claims.batched(2)} == {"dense_lr0.04_b128_s2"}
+    assert len(span_claims.BATCHED) == 6                         # seeds 0, 1 and 2
+    dense, switch = span_claims.batched(0)
     assert (dense.steps, switch.steps) == (600, 600)            # 2,400 steps of 32 -> 600 of 128
     assert "--config.per_device_batch_size=128" in switch.flags
     assert "--config.warmup_steps=62" in switch.flags and "--config.moe.jitter=0" in switch.flags
@@ -145,11 +150,25 @@ def test_the_pair_at_four_times_the_batch_sees_the_same_tokens_on_the_same_sched
     assert span_claims.batch_effects({"runs": runs}) == {}        # the pair has not finished
     runs[switch.name]["finished"] = True
     out = span_claims.batch_effects({"runs": runs})
-    assert (out["batch"], out["steps"]) == (128, 600)
-    assert out["switch_minus_dense"] == pytest.approx(-0.05)
-    assert out["switch_minus_dense_at_batch_32"] == pytest.approx(0.05)
+    assert (out["batch"], out["steps"], out["seeds"]) == (128, 600, [0])
+    assert out["switch_minus_dense"] == {0: pytest.approx(-0.05)}
+    assert out["switch_minus_dense_at_batch_32"] == {0: pytest.approx(0.05)}
     assert out["switch_better"]["runs"] == [switch.name, dense.name]
     assert out["switch_better"]["better"] is True
+    # seed 2's pair: the verdict pairs the two seeds' gaps (-0.05, +0.02); seed 2 has no
+    # batch-32 pair here, so only seed 0 has a gap there
+    d2, s2 = span_claims.batched(2)
+    runs[d2.name] = summary([200, 600], [4.0, 3.30], seed=2, model="dense_sc_cpu",
+                            flags=d2.flags)
+    runs[s2.name] = summary([200, 600], [4.0, 3.32], seed=2, model="switch_sc_cpu_8",
+                            flags=s2.flags)
+    out = span_claims.batch_effects({"runs": runs})
+    assert out["seeds"] == [0, 2] and out["dense"] == {0: 3.40, 2: 3.30}
+    assert out["switch_minus_dense"] == {0: pytest.approx(-0.05), 2: pytest.approx(0.02)}
+    assert out["switch_minus_dense_at_batch_32"] == {0: pytest.approx(0.05)}
+    paired = out["switch_better"]
+    assert paired["seeds"] == [0, 2] and paired["noise_from"] == "paired"
+    assert paired["margin"] == pytest.approx(0.015)
 
 
 def test_the_4x_batch_pair_is_refused_outside_the_2400_step_study(tmp_path, capsys):
