@@ -128,7 +128,8 @@ def batched(seed: int) -> list[Run]:
             for r in pair]
 
 
-BATCHED = [r for seed in (0, 1, 2) for r in batched(seed)]
+BATCH_SEEDS = (0, 1, 2)
+BATCHED = [r for seed in BATCH_SEEDS for r in batched(seed)]
 
 
 def study(args) -> harness.Study:
@@ -219,7 +220,7 @@ def batch_effects(result: dict) -> dict:
     (the same seed and tokens), and the verdict at the wider batch under the study's rule
     (paired by seed; with one seed, its reference spread)."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
-    done = [seed for seed in (0, 1, 2) if all(r.name in runs for r in batched(seed))]
+    done = [seed for seed in BATCH_SEEDS if all(r.name in runs for r in batched(seed))]
     if not done:
         return {}
     dense, switch = batched(done[0])
