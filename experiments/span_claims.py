@@ -191,6 +191,41 @@ def rate_effects(result: dict) -> dict:
             out[f"{rate:g}"] = {"dense": verdicts.seeds(finished, dense),
                                 "switch_8_nojitter": verdicts.seeds(finished, switch),
                                 "switch_better": verdicts.compare(finished, switch, dense)}
+    best = at_best_mean_rate(finished)
+    if best:
+        out["each_at_its_best"] = best
+    return out
+
+
+def at_best_mean_rate(result: dict) -> dict:
+    """Each model at its best rate, then no-jitter Switch-8 there against dense there, paired
+    by seed (verdicts.compare): the comparison at each model's own best rate when a single
+    seed's best depends on the seed. A model's best rate is the one whose mean final loss is
+    lowest against every other rate over the seeds both ran (rates with two seeds or more;
+    means over unlike seeds would mix a bad seed into one rate only)."""
+    out = {"mean_by_rate": {}, "best_rate": {}}
+    picked = {}
+    for stem in ("dense", "switch_8_nojitter"):
+        by_rate = {rate: verdicts.seeds(result, stem + ("" if rate == 0.01 else f"_lr{rate:g}"))
+                   for rate in (0.01, *RATE_GRID)}
+        by_rate = {r: v for r, v in by_rate.items() if len(v) >= 2}
+        if not by_rate:
+            return {}
+
+        def mean(rate, seeds):
+            return sum(by_rate[rate][s] for s in seeds) / len(seeds)
+
+        def beats(r, q):
+            common = sorted(set(by_rate[r]) & set(by_rate[q]))
+            return not common or mean(r, common) <= mean(q, common)
+        best = [r for r in by_rate if all(beats(r, q) for q in by_rate if q != r)]
+        if not best:
+            return {}
+        out["mean_by_rate"][stem] = {f"{r:g}": {"mean": round(mean(r, sorted(v)), 4),
+                                                "seeds": sorted(v)} for r, v in by_rate.items()}
+        out["best_rate"][stem] = best[0]
+        picked[stem] = stem + ("" if best[0] == 0.01 else f"_lr{best[0]:g}")
+    out["switch_better"] = verdicts.compare(result, picked["switch_8_nojitter"], picked["dense"])
     return out
 
 

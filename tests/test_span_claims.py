@@ -10,6 +10,7 @@ from test_study_arithmetic import summary   # a run's summary as harness.collect
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "experiments"))
 
+import harness  # noqa: E402
 import span_claims  # noqa: E402
 
 
@@ -58,7 +59,10 @@ def test_span_rate_effects_pair_no_jitter_switch_with_dense_of_its_rate_and_seed
             "switch_8_nojitter_lr0.02": summary(steps, [3.9, 3.6], model="s",
                                                 flags=lr(0.02) + nj, finished=False)}
     out = span_claims.rate_effects({"runs": runs})
-    assert list(out) == ["0.01", "0.04"]          # 0.02's Switch run has not finished
+    # 0.02's Switch run has not finished; each at its best: 0.04 for both (the only rate
+    # either ran on two seeds)
+    assert list(out) == ["0.01", "0.04", "each_at_its_best"]
+    assert out["each_at_its_best"]["best_rate"] == {"dense": 0.04, "switch_8_nojitter": 0.04}
     at = out["0.04"]
     assert at["dense"] == {0: 3.6, 1: 3.65} and at["switch_8_nojitter"] == {0: 3.5, 1: 3.58}
     c = at["switch_better"]
@@ -177,3 +181,33 @@ def test_the_4x_batch_pair_is_refused_outside_the_2400_step_study(tmp_path, caps
                              "--steps", "12000", "--runs", "dense_lr0.04_b128"]) == 2
     assert "the 2,400-step study's" in capsys.readouterr().err
     assert not (tmp_path / "o" / "dense_lr0.04_b128").exists()
+
+
+def test_each_model_at_its_best_rate_is_judged_over_the_seeds_both_rates_ran():
+    """dense at 0.04 has two bad seeds of four; at 0.02 it ran seeds 0 and 1. Over all their
+    seeds 0.02's mean (3.38) is lower than 0.04's (3.40), but on the seeds both ran 0.04 is the
+    better rate (3.35 against 3.38): the best rate is 0.04, and Switch-8 at its best is
+    compared with dense there, paired by seed."""
+    def runs_at(stem, model, rate, losses, extra=()):
+        flags = [f"--config.learning_rate={rate:g}", *extra]
+        return {harness.seeded_name(f"{stem}_lr{rate:g}", seed):
+                summary([2400], [loss], seed=seed, model=model, flags=flags)
+                for seed, loss in losses.items()}
+    nojitter = ("--config.moe.jitter=0",)
+    runs = {**runs_at("dense", "dense_sc_cpu", 0.04, {0: 3.2, 1: 3.5, 2: 3.3, 3: 3.6}),
+            **runs_at("dense", "dense_sc_cpu", 0.02, {0: 3.36, 1: 3.40}),
+            **runs_at("switch_8_nojitter", "switch_sc_cpu_8", 0.04,
+                      {0: 3.25, 1: 3.26, 2: 3.27, 3: 3.28}, nojitter),
+            **runs_at("switch_8_nojitter", "switch_sc_cpu_8", 0.02, {0: 3.45, 1: 3.44}, nojitter),
+            **runs_at("switch_8_nojitter", "switch_sc_cpu_8", 0.08, {2: 3.20}, nojitter)}
+    out = span_claims.at_best_mean_rate({"runs": runs})
+    assert out["best_rate"] == {"dense": 0.04, "switch_8_nojitter": 0.04}
+    assert out["mean_by_rate"]["dense"]["0.02"] == {"mean": 3.38, "seeds": [0, 1]}
+    assert "0.08" not in out["mean_by_rate"]["switch_8_nojitter"]          # one seed: not read
+    c = out["switch_better"]
+    assert c["runs"] == ["switch_8_nojitter_lr0.04", "dense_lr0.04"]
+    assert c["seeds"] == [0, 1, 2, 3]
+    assert c["gaps"] == [pytest.approx(g) for g in (-0.05, 0.24, 0.03, 0.32)]
+    # dense better at 0.02 on the seeds both ran: 0.02 is its best
+    runs.update(runs_at("dense", "dense_sc_cpu", 0.02, {0: 3.1, 1: 3.2}))
+    assert span_claims.at_best_mean_rate({"runs": runs})["best_rate"]["dense"] == 0.02
