@@ -199,15 +199,16 @@ def rate_effects(result: dict) -> dict:
 
 def at_best_mean_rate(result: dict) -> dict:
     """Each model at its best rate, then no-jitter Switch-8 there against dense there, paired
-    by seed (verdicts.compare): the comparison at each model's own best rate when a single
-    seed's best depends on the seed. A model's best rate is the one whose mean final loss is
+    by seed (verdicts.compare): the comparison at each model's own best rate when one seed's
+    best rate is not another's. A model's best rate is the one whose mean final loss is
     lowest against every other rate over the seeds both ran (rates with two seeds or more;
     means over unlike seeds would mix a bad seed into one rate only)."""
     out = {"mean_by_rate": {}, "best_rate": {}}
     picked = {}
     for stem in ("dense", "switch_8_nojitter"):
-        by_rate = {rate: verdicts.seeds(result, stem + ("" if rate == 0.01 else f"_lr{rate:g}"))
-                   for rate in (0.01, *RATE_GRID)}
+        def at(rate):                   # the run of that rate (0.01: the recipe's, no tail)
+            return stem + ("" if rate == 0.01 else f"_lr{rate:g}")
+        by_rate = {rate: verdicts.seeds(result, at(rate)) for rate in (0.01, *RATE_GRID)}
         by_rate = {r: v for r, v in by_rate.items() if len(v) >= 2}
         if not by_rate:
             return {}
@@ -224,7 +225,7 @@ def at_best_mean_rate(result: dict) -> dict:
         out["mean_by_rate"][stem] = {f"{r:g}": {"mean": round(mean(r, sorted(v)), 4),
                                                 "seeds": sorted(v)} for r, v in by_rate.items()}
         out["best_rate"][stem] = best[0]
-        picked[stem] = stem + ("" if best[0] == 0.01 else f"_lr{best[0]:g}")
+        picked[stem] = at(best[0])
     out["switch_better"] = verdicts.compare(result, picked["switch_8_nojitter"], picked["dense"])
     return out
 
