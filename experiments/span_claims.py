@@ -177,6 +177,12 @@ def plot(result: dict, path: pathlib.Path) -> None:
                                             "0.04")
 
 
+def at_rate(stem: str, rate: float) -> str:
+    """The seed-0 run of ``stem`` (dense, switch_8_nojitter) at ``rate``: the recipe's 0.01 is
+    the bare name, RATE_GRID's carry _lrR."""
+    return stem + ("" if rate == 0.01 else f"_lr{rate:g}")
+
+
 def rate_effects(result: dict) -> dict:
     """At each rate of RATE_GRID that has finished runs (and at the recipe's 0.01, the runs
     dense and switch_8_nojitter): no-jitter Switch-8 against dense of the same rate under the
@@ -185,8 +191,8 @@ def rate_effects(result: dict) -> dict:
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
     finished = {**result, "runs": runs}
     out = {}
-    for rate, tail in [(0.01, "")] + [(r, f"_lr{r:g}") for r in RATE_GRID]:
-        dense, switch = "dense" + tail, "switch_8_nojitter" + tail
+    for rate in (0.01, *RATE_GRID):
+        dense, switch = at_rate("dense", rate), at_rate("switch_8_nojitter", rate)
         if dense in runs and switch in runs:
             out[f"{rate:g}"] = {"dense": verdicts.seeds(finished, dense),
                                 "switch_8_nojitter": verdicts.seeds(finished, switch),
@@ -206,9 +212,8 @@ def at_best_mean_rate(result: dict) -> dict:
     out = {"mean_by_rate": {}, "best_rate": {}}
     picked = {}
     for stem in ("dense", "switch_8_nojitter"):
-        def at(rate):                   # the run of that rate (0.01: the recipe's, no tail)
-            return stem + ("" if rate == 0.01 else f"_lr{rate:g}")
-        by_rate = {rate: verdicts.seeds(result, at(rate)) for rate in (0.01, *RATE_GRID)}
+        by_rate = {rate: verdicts.seeds(result, at_rate(stem, rate))
+                   for rate in (0.01, *RATE_GRID)}
         by_rate = {r: v for r, v in by_rate.items() if len(v) >= 2}
         if not by_rate:
             return {}
@@ -225,7 +230,7 @@ def at_best_mean_rate(result: dict) -> dict:
         out["mean_by_rate"][stem] = {f"{r:g}": {"mean": round(mean(r, sorted(v)), 4),
                                                 "seeds": sorted(v)} for r, v in by_rate.items()}
         out["best_rate"][stem] = best[0]
-        picked[stem] = at(best[0])
+        picked[stem] = at_rate(stem, best[0])
     out["switch_better"] = verdicts.compare(result, picked["switch_8_nojitter"], picked["dense"])
     return out
 
