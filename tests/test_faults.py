@@ -134,6 +134,45 @@ def test_one_writer_eval_reads_a_training_run_and_ctrl_c_is_a_preemption(trained
     assert stopped in committed(workdir)          # no committed checkpoint lost
 
 
+def test_eval_chooses_again_when_the_run_rotates_its_chosen_checkpoint_away(
+        trained, tmp_path, monkeypatch):
+    """The race of eval.py reading a live run: it chose the newest step, then the run committed
+    a newer one and rotated the chosen one away (keep_checkpoints) before it was read. Without
+    a pinned step it restores the new newest; a pinned step that vanishes is one line."""
+    import jax
+    import numpy as np
+    from switchzoo import checkpoints, evaluate, state
+
+    workdir = copy_of(trained, tmp_path / "run")
+    directory = workdir / "checkpoints"
+    config = evaluate.load_config(workdir)
+    read = checkpoints.Checkpoints.restore_params
+    chosen = []
+
+    def rotated_while_read(self, step, abstract, shardings):
+        if not chosen:      # the first read: the writer commits a newer step, deletes the chosen
+            chosen.append(step)
+            newer = max(int(p.name) for p in directory.iterdir() if p.name.isdigit()) + 2
+            shutil.copytree(directory / str(step), directory / str(newer))
+            shutil.rmtree(directory / str(step))
+        return read(self, step, abstract, shardings)
+    monkeypatch.setattr(checkpoints.Checkpoints, "restore_params", rotated_while_read)
+    layout = state.run_layout(config)
+    _, params, step = evaluate.restore_params(config, workdir, layout, 300)
+    assert (chosen, step) == ([4], 6)
+    monkeypatch.setattr(checkpoints.Checkpoints, "restore_params", read)
+    _, again, _ = evaluate.restore_params(config, copy_of(trained, tmp_path / "again"), layout,
+                                          300)                   # what checkpoint 4 holds
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
+                                                     jax.tree.leaves(again)))
+    # A pinned step is never swapped for another: its removal is one line naming the fix.
+    chosen.clear()
+    monkeypatch.setattr(checkpoints.Checkpoints, "restore_params", rotated_while_read)
+    config.restore_step = 2
+    with pytest.raises(ValueError, match=r"checkpoint 2 in .* was removed while it was read"):
+        evaluate.restore_params(config, workdir, layout, 300)
+
+
 @pytest.mark.parametrize("existing", [False, True])
 def test_ctrl_c_during_the_start_leaves_the_workdir_as_it_was(tmp_path, existing):
     workdir = tmp_path / "new" / "run"
