@@ -63,9 +63,6 @@ def run_model(config, workdir: pathlib.Path, vocab_size: int,
     return state_lib.run_model_config(config, vocab_size, model, pieces)
 
 
-ROTATION_RETRIES = 3         # choices of the newest step when a live run deletes the chosen one
-
-
 def restore_params(config, workdir: pathlib.Path, layout, vocab_size: int,
                    pieces: int | None = None):
     """(setup, params, step) of the newest committed checkpoint of the run (or restore_step's):
@@ -75,34 +72,19 @@ def restore_params(config, workdir: pathlib.Path, layout, vocab_size: int,
                                 train=False)
     ckpt = checkpoints.Checkpoints(workdir / "checkpoints", 1, config.keep_checkpoints,
                                    read_only=True)      # a run may be training meanwhile
-    pinned = config.get("restore_step")
 
     def load(s):
         return ckpt.restore_params(s, setup.abstract, setup.shardings)
     try:
-        for attempt in range(ROTATION_RETRIES + 1):
-            step = resume.chosen_step(ckpt, pinned, once=False)
-            if step is None:
-                raise FileNotFoundError(f"{workdir / 'checkpoints'} holds no complete "
-                                        "checkpoint; train first (python train.py --workdir=...)")
-            try:
-                return setup, load(step), step
-            except resume.RESTORE_ERRORS as e:
-                # The run training meanwhile rotated the chosen step away (keep_checkpoints)
-                # while it was read: a newer one has committed, so choose again.
-                if not (ckpt.directory / str(step)).exists():
-                    if pinned is None and attempt < ROTATION_RETRIES:
-                        ckpt.manager.reload()
-                        continue
-                    raise ValueError(
-                        f"checkpoint {step} in {ckpt.directory} was removed while it was read "
-                        "(a run training there rotates its checkpoints: keep_checkpoints); "
-                        + ("pin a step it keeps with --config.restore_step, or " if pinned
-                           is not None else "") + "run the same command again") from e
-                raise ValueError(resume.explain(ckpt, step, e, load, {"params": setup.abstract},
-                                                "evaluate")) from e
+        step, params = resume.read_newest(
+            ckpt, config.get("restore_step"), load,
+            lambda s, e: resume.explain(ckpt, s, e, load, {"params": setup.abstract}, "evaluate"))
+        if step is None:
+            raise FileNotFoundError(f"{workdir / 'checkpoints'} holds no complete checkpoint; "
+                                    "train first (python train.py --workdir=...)")
     finally:
         ckpt.close()
+    return setup, params, step
 
 
 def evaluate_loss(eval_fn, params, ds, layout, share: hosts.Share) -> dict:

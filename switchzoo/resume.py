@@ -135,6 +135,33 @@ def chosen_step(ckpt, restore_step: int | None, say=print, once: bool = True) ->
     return restore_step if restore_step is not None else (steps[-1] if steps else None)
 
 
+ROTATION_RETRIES = 3         # choices of the newest step when a live run deletes the chosen one
+
+
+def read_newest(ckpt, pinned: int | None, load, explain_fault):
+    """(step, load(step)) of the newest committed checkpoint, or of ``pinned``; (None, None)
+    where there is none. A run training in the directory meanwhile may commit a newer step and
+    rotate the chosen one away (keep_checkpoints) while it is read: unpinned, the newest is
+    chosen again; pinned, one line. Any other fault: ValueError(explain_fault(step, e))."""
+    for attempt in range(ROTATION_RETRIES + 1):
+        step = chosen_step(ckpt, pinned, once=False)
+        if step is None:
+            return None, None
+        try:
+            return step, load(step)
+        except RESTORE_ERRORS as e:
+            if (ckpt.directory / str(step)).exists():
+                raise ValueError(explain_fault(step, e)) from e
+            if pinned is None and attempt < ROTATION_RETRIES:
+                ckpt.manager.reload()
+                continue
+            raise ValueError(
+                f"checkpoint {step} in {ckpt.directory} was removed while it was read (a run "
+                "training there rotates its checkpoints: keep_checkpoints); "
+                + ("pin a step it keeps with --config.restore_step, or " if pinned is not None
+                   else "") + "run the same command again") from e
+
+
 def restore(ckpt, setup, restore_step: int | None = None, say=print):
     """(TrainState, data-iterator state) of the chosen checkpoint (None where the workdir has
     none); the checkpoints after restore_step set aside. ValueError in one line where the

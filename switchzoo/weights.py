@@ -17,7 +17,7 @@ import typing
 
 import jax
 
-from switchzoo import atomic, checkpoints, errors, hf, transformer
+from switchzoo import atomic, checkpoints, errors, hf, resume, transformer
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig, MoeConfig
 from switchzoo.data import tokenizer as tokenizer_lib
@@ -134,18 +134,16 @@ class Origin:
         if self.hf is not None:
             return hf.load_params(self.hf, setup)[0]
         saved = state_lib.setup(self.cfg, setup.layout)
-        ckpt = checkpoints.Checkpoints(self.path / "checkpoints", 1, None)
+        ckpt = checkpoints.Checkpoints(self.path / "checkpoints", 1, None,
+                                       read_only=True)  # the run may be training meanwhile
         try:
-            step = ckpt.latest_step()
+            step, params = resume.read_newest(
+                ckpt, None, lambda s: ckpt.restore_params(s, saved.abstract, saved.shardings),
+                lambda s, e: f"checkpoint {s} in {self.path / 'checkpoints'} does not hold the "
+                             f"parameters of its {MODEL_FILE} ({errors.one_line(e)[:300]})")
             if step is None:
                 raise FileNotFoundError(f"{self.path / 'checkpoints'} holds no complete "
                                         "checkpoint; train the run first")
-            try:
-                params = ckpt.restore_params(step, saved.abstract, saved.shardings)
-            except (ValueError, KeyError, OSError, RuntimeError, TypeError) as e:
-                raise ValueError(f"checkpoint {step} in {self.path / 'checkpoints'} does not "
-                                 f"hold the parameters of its {MODEL_FILE} "
-                                 f"({errors.one_line(e)[:300]})") from e
         finally:
             ckpt.close()
         self.loaded["step"] = step

@@ -141,10 +141,9 @@ def test_eval_chooses_again_when_the_run_rotates_its_chosen_checkpoint_away(
     a pinned step it restores the new newest; a pinned step that vanishes is one line."""
     import jax
     import numpy as np
-    from switchzoo import checkpoints, evaluate, state
+    from switchzoo import checkpoints, evaluate, state, weights
 
     workdir = copy_of(trained, tmp_path / "run")
-    directory = workdir / "checkpoints"
     config = evaluate.load_config(workdir)
     read = checkpoints.Checkpoints.restore_params
     chosen = []
@@ -152,9 +151,10 @@ def test_eval_chooses_again_when_the_run_rotates_its_chosen_checkpoint_away(
     def rotated_while_read(self, step, abstract, shardings):
         if not chosen:      # the first read: the writer commits a newer step, deletes the chosen
             chosen.append(step)
-            newer = max(int(p.name) for p in directory.iterdir() if p.name.isdigit()) + 2
-            shutil.copytree(directory / str(step), directory / str(newer))
-            shutil.rmtree(directory / str(step))
+            held = self.directory
+            newer = max(int(p.name) for p in held.iterdir() if p.name.isdigit()) + 2
+            shutil.copytree(held / str(step), held / str(newer))
+            shutil.rmtree(held / str(step))
         return read(self, step, abstract, shardings)
     monkeypatch.setattr(checkpoints.Checkpoints, "restore_params", rotated_while_read)
     layout = state.run_layout(config)
@@ -165,6 +165,12 @@ def test_eval_chooses_again_when_the_run_rotates_its_chosen_checkpoint_away(
                                           300)                   # what checkpoint 4 holds
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
                                                      jax.tree.leaves(again)))
+    # The same through a run named as weights (eval.py --checkpoint, init_from).
+    chosen.clear()
+    monkeypatch.setattr(checkpoints.Checkpoints, "restore_params", rotated_while_read)
+    origin = weights.resolve(copy_of(trained, tmp_path / "weights"))
+    origin.load(state.setup(origin.cfg, layout))
+    assert (chosen, origin.loaded["step"]) == ([4], 6)
     # A pinned step is never swapped for another: its removal is one line naming the fix.
     chosen.clear()
     monkeypatch.setattr(checkpoints.Checkpoints, "restore_params", rotated_while_read)
