@@ -51,15 +51,17 @@ def collect(docs: pathlib.Path = DOCS) -> list[dict]:
                 continue
             seen.add(key)
             rows.append({**c, "study": f.stem, "commit": (result.get("commit") or "")[:7],
-                         "claim": claim.lstrip("/"), "runs": runs})
+                         "claim": claim.lstrip("/"), "runs": runs,
+                         "steps": result.get("steps")})
     return rows
 
 
 def question(row: dict) -> tuple:
-    """What an ordering asks, whichever study asks it: its runs and its claim's path below the
+    """What an ordering asks, whichever study asks it: its runs, its claim's path below the
     study's section (lm_claims' claims/X and lr_sweep's at_best/X are one question, asked at
-    two learning rates)."""
-    return tuple(row["runs"] or ()), row["claim"].partition("/")[2]
+    two learning rates) and the training steps (the same pair trained 5x as long, as
+    span_long_tuned's against span_router's, is another question)."""
+    return tuple(row["runs"] or ()), row["claim"].partition("/")[2], row.get("steps")
 
 
 def elsewhere(rows: list[dict]) -> dict[int, dict]:

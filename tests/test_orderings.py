@@ -44,10 +44,14 @@ def test_a_one_seed_ordering_names_the_study_that_asks_it_again_on_more_seeds(tm
                                                  "other": verdict(["x", "y"], [0], [0.1])}))
     (tmp_path / "b.json").write_text(json.dumps({"at_best": {"steps": [
         verdict(["switch_16", "switch_8"], [0, 1], [0.01, 0.03])]}}))
+    # the same pair trained five times as long: another question, not asked again here
+    (tmp_path / "c.json").write_text(json.dumps({"steps": 12000, "at_best": {"steps": [
+        verdict(["switch_16", "switch_8"], [0], [-0.1])]}}))
     rows = orderings.collect(tmp_path)
+    assert [r["study"] for r in rows] == ["a", "a", "b", "c"]
     assert orderings.elsewhere(rows) == {0: rows[2]}      # x vs y is asked nowhere else
     text = orderings.markdown(rows)
-    assert "2 on one** (1 of which another study asks again" in text
+    assert "3 on one** (1 of which another study asks again" in text
     assert "| better, within noise | b (0, 1): better, beyond noise |" in text
 
 
