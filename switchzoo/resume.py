@@ -141,8 +141,10 @@ ROTATION_RETRIES = 3         # choices of the newest step when a live run delete
 def read_newest(ckpt, pinned: int | None, load, explain_fault):
     """(step, load(step)) of the newest committed checkpoint, or of ``pinned``; (None, None)
     where there is none. A run training in the directory meanwhile may commit a newer step and
-    rotate the chosen one away (keep_checkpoints) while it is read: unpinned, the newest is
-    chosen again; pinned, one line. Any other fault: ValueError(explain_fault(step, e))."""
+    rotate the chosen one away (keep_checkpoints) while it is read, its directory gone or half
+    deleted: unpinned, a read that fails once a newer step has committed is retried on the
+    newest; a pinned step that vanished is one line. Any other fault:
+    ValueError(explain_fault(step, e))."""
     for attempt in range(ROTATION_RETRIES + 1):
         step = chosen_step(ckpt, pinned, once=False)
         if step is None:
@@ -150,11 +152,12 @@ def read_newest(ckpt, pinned: int | None, load, explain_fault):
         try:
             return step, load(step)
         except RESTORE_ERRORS as e:
-            if (ckpt.directory / str(step)).exists():
-                raise ValueError(explain_fault(step, e)) from e
-            if pinned is None and attempt < ROTATION_RETRIES:
-                ckpt.manager.reload()
+            ckpt.manager.reload()               # what the run committed or removed meanwhile
+            steps = ckpt.all_steps()
+            if pinned is None and steps and steps[-1] > step and attempt < ROTATION_RETRIES:
                 continue
+            if (ckpt.directory / str(step)).exists() and step in steps:
+                raise ValueError(explain_fault(step, e)) from e
             raise ValueError(
                 f"checkpoint {step} in {ckpt.directory} was removed while it was read (a run "
                 "training there rotates its checkpoints: keep_checkpoints); "
