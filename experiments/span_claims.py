@@ -26,6 +26,10 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
                                   no-jitter Switch-8 at 0.04 with one Switch layer, in the
                                   decoder (a dense encoder) or the encoder (a dense decoder);
                                   only when named
+    dense_wide_lr0.04 (_s1)       dense with Switch-8's parameters (dense_sc_cpu_wide: FFNs 1,728
+                                  wide) at 0.04 for 6,000 steps (--steps 12000, the long pair's
+                                  study; the rsqrt schedule does not depend on the length): do
+                                  FFN parameters pay on this task? only when named
     dense_lr0.04_b128, switch_8_nojitter_lr0.04_b128 (_s1, _s2)
                                   the 0.04 pair at 4x the batch for 600 steps (the same tokens,
                                   the warm-up / 4): each expert sees 4x the tokens a step; seeds
@@ -52,92 +56,17 @@ import harness  # noqa: E402
 import lm_claims  # noqa: E402
 import plots  # noqa: E402
 import verdicts  # noqa: E402
-from harness import Run  # noqa: E402
-
-RUNS = [
-    Run("dense", "dense_sc_cpu", baseline="dense"),
-    Run("switch_8", "switch_sc_cpu_8", baseline="dense"),
-    Run("dense_s1", "dense_sc_cpu", seed=1, baseline="dense_s1"),
-    Run("switch_8_s1", "switch_sc_cpu_8", seed=1, baseline="dense_s1"),
-]
-# The encoder's router does not commit (its entropy stays near uniform's): what the literature
-# does about a router, each one change to switch_8, at seeds 0 and 1 (trained only when named)
-_Z, _LR10, _ENC0 = (
-    Run("switch_8_zloss", "switch_sc_cpu_8", ("--config.moe.z_loss_weight=0.001",),
-        baseline="dense"),                               # ST-MoE's router z-loss
-    Run("switch_8_router_lr10", "switch_sc_cpu_8", ("--config.router_learning_rate_scale=10",),
-        baseline="dense"),                               # the routers' updates x10
-    Run("switch_8_enc0", "switch_sc_cpu_8_enc0", baseline="dense"))   # the encoder's first FFN
-ROUTER = [
-    _Z, _LR10,
-    Run("switch_8_nojitter", "switch_sc_cpu_8", ("--config.moe.jitter=0",),
-        baseline="dense"),                               # no router-input noise
-    _ENC0,
-    Run("switch_8_nojitter_s1", "switch_sc_cpu_8", ("--config.moe.jitter=0",), seed=1,
-        baseline="dense_s1"),                            # no jitter's second seed
-    *[Run(harness.seeded_name(r.name, 1), r.model, r.flags, seed=1, baseline="dense_s1")
-      for r in (_Z, _LR10, _ENC0)],                      # the other changes' second seeds
-]
-# Each model at higher rates (the LM's sweep found 0.04 best for dense and Switch-8 at its budget,
-# where these ran at the recipe's 0.01): dense and no-jitter Switch-8 (the router change that
-# helped), each pair compared with dense at its own rate and seed; trained only when named.
-# 0.08: Switch-8's best of 0.01-0.04 was the grid's edge, so its optimum may lie beyond
-RATE_GRID = (0.02, 0.04, 0.08)
-
-
-def rated(rate: float, seed: int = 0) -> list[Run]:
-    tail = harness.seeded_name(f"_lr{rate:g}", seed)
-    flag = f"--config.learning_rate={rate:g}"
-    return [Run("dense" + tail, "dense_sc_cpu", (flag,), seed=seed, baseline="dense" + tail),
-            Run("switch_8_nojitter" + tail, "switch_sc_cpu_8", (flag, "--config.moe.jitter=0"),
-                seed=seed, baseline="dense" + tail)]
-
-
-# at 0.02 and 0.04 a fourth seed: dense's seed 1 trained badly at 0.04, is that one seed in
-# four, and is 0.02 dense's best rate over the seeds?
-RATES = [r for rate in RATE_GRID for seed in (0, 1, 2) for r in rated(rate, seed)]
-RATES += rated(0.02, 3) + rated(0.04, 3)
-# Which stack's Switch layer helps, and which holds Switch back? The no-jitter Switch-8 at 0.04
-# with one Switch layer: in the decoder alone (a dense encoder; the encoder's router is undecided
-# at every rate) or in the encoder alone (a dense decoder; the decoder's experts see the 29
-# target positions of an example, the encoder's its 128 inputs); fewer parameters, the same
-# FLOPs; each against dense and switch_8_nojitter of its rate and seed; trained only when named
-STACKS = {"dec": "switch_sc_cpu_8_dec", "enc": "switch_sc_cpu_8_enc"}
-ONE_STACK = [Run(harness.seeded_name(f"switch_8_{stack}_nojitter_lr0.04", seed), model,
-               ("--config.learning_rate=0.04", "--config.moe.jitter=0"),
-               seed=seed, baseline=harness.seeded_name("dense_lr0.04", seed))
-           for stack, model in STACKS.items() for seed in (0, 1, 2)]
-BATCH, INPUTS, TARGETS = 32, 128, 29
-# Does Switch-8 fit span corruption slowly because its experts see few tokens a step (the
-# decoder's an eighth of 32 x 29 target positions, ~116, where an LM Switch layer's see ~480)?
-# The 0.04 pair at 4x the batch for a quarter of the 2,400 steps: the same tokens on the same
-# schedule in tokens (warm-up 250 / 4), each expert ~4x the tokens a step; seeds 0, 1 and 2
-# (dense_lr0.04_b128, _s1, _s2); trained only when named
-WIDER = 4
-
-
-def batched(seed: int) -> list[Run]:
-    """The 0.04 pair of ``seed`` at WIDER x the batch for 2,400 / WIDER steps."""
-    def name(r: Run) -> str:             # dense_lr0.04_s2 -> dense_lr0.04_b128_s2
-        return harness.seeded_name(r.name.removesuffix(f"_s{seed}") + f"_b{BATCH * WIDER}", seed)
-
-    pair = rated(0.04, seed)
-    return [Run(name(r), r.model,
-                r.flags + (f"--config.per_device_batch_size={BATCH * WIDER}",
-                           f"--config.warmup_steps={250 // WIDER}"),
-                seed=seed, steps=2400 // WIDER, baseline=name(pair[0]))
-            for r in pair]
-
-
-BATCH_SEEDS = (0, 1, 2)
-BATCHED = [r for seed in BATCH_SEEDS for r in batched(seed)]
+from span_runs import (  # noqa: E402
+    BATCH, BATCH_SEEDS, BATCHED, INPUTS, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS, STACKS,
+    TARGETS, WIDE, WIDER, at_rate, batched, rated)
+from switchzoo import noise  # noqa: E402
 
 
 def study(args) -> harness.Study:
     corpus = pathlib.Path(args.corpus).resolve()
     return harness.Study(
         name=args.name, config="configs/c4_cpu.py",
-        runs=RUNS + ROUTER + RATES + ONE_STACK + BATCHED, steps=args.steps,
+        runs=RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE, steps=args.steps,
         eval_every=args.eval_every, title="Switch vs dense, span corruption on English prose",
         vocab=None if args.vocab is None else args.vocab.resolve(),
         flags=(f"--config.per_device_batch_size={BATCH}", "--config.data.source=files",
@@ -167,6 +96,11 @@ def plot(result: dict, path: pathlib.Path) -> None:
     batched = [r.name for r in BATCHED if r.name in result["runs"]]
     if batched:
         panels[f"0.04 at {WIDER}x the batch, a quarter of the steps (seed 0)"] = batched
+    wide = [r.name for r in WIDE if r.name in result["runs"]]
+    if wide:
+        panels["dense with Switch-8's parameters (dense_wide), 0.04"] = [
+            n for r in WIDE for n in (*(p.name for p in rated(0.04, r.seed)), r.name)
+            if n in result["runs"]]
     harness.plot_curves(result, path, panels)
     pairs = {n: c for n, c in result.get("train_and_held_out", {}).items()
              if n.startswith("switch_8_nojitter")}      # the one-stack runs: in the JSON only
@@ -175,12 +109,6 @@ def plot(result: dict, path: pathlib.Path) -> None:
                                       path.with_name(path.stem + "_train_held_out.png"),
                                       title="Switch minus dense of its seed, span corruption, "
                                             "0.04")
-
-
-def at_rate(stem: str, rate: float) -> str:
-    """The seed-0 run of ``stem`` (dense, switch_8_nojitter) at ``rate``: the recipe's 0.01 is
-    the bare name, RATE_GRID's carry _lrR."""
-    return stem + ("" if rate == 0.01 else f"_lr{rate:g}")
 
 
 def rate_effects(result: dict) -> dict:
@@ -284,6 +212,47 @@ def batch_effects(result: dict) -> dict:
     return out
 
 
+def wide_effects(result: dict) -> dict:
+    """Dense with Switch-8's parameters (WIDE) against dense and no-jitter Switch-8 at 0.04 of
+    its seed, which ran longer on the same schedule and batches: their held-out losses at each
+    evaluation the wide run made, and at its last step two verdicts under the study's rule
+    (paired by seed; with one seed, its reference spread): is the wide model better than dense
+    (do FFN parameters seen by every token pay on this task?) and is Switch-8 better than it?"""
+    runs = {n: r for n, r in result["runs"].items() if r["finished"]}
+    out, last = {"by_seed": {}}, {}
+    for run in WIDE:
+        dense, switch = (r.name for r in rated(0.04, run.seed))
+        if not all(n in runs for n in (run.name, dense, switch)):
+            continue
+        at = {k: dict(zip(runs[n]["steps"], runs[n]["eval_loss"]))
+              for k, n in (("dense_wide", run.name), ("dense", dense),
+                           ("switch_8_nojitter", switch))}
+        steps = sorted(set(at["dense_wide"]) & set(at["dense"]) & set(at["switch_8_nojitter"]))
+        if not steps:
+            continue
+        seed = out["by_seed"][run.seed] = {"steps": steps, **{
+            k: [round(v[s], 4) for s in steps] for k, v in at.items()}}
+        for k in ("dense_wide", "switch_8_nojitter"):
+            seed[f"{k}_minus_dense"] = [round(at[k][s] - at["dense"][s], 4) for s in steps]
+        training = verdicts.train_and_held_out(runs[run.name], runs[dense])
+        if training:
+            seed["dense_wide_minus_dense_train"] = training["train_minus_baseline"]
+        last[run.seed] = {k: v[steps[-1]] for k, v in at.items()}, steps[-1]
+    ends = {step for _, step in last.values()}
+    if len(ends) != 1:                     # no seed finished, or seeds judged at unlike steps
+        return out if out["by_seed"] else {}
+    ref = verdicts.reference(result)
+
+    def judged(better, worse):
+        c = noise.compare({s: v[better] for s, (v, _) in last.items()},
+                          {s: v[worse] for s, (v, _) in last.items()}, ref)
+        return {"runs": [better, worse], **c, "verdict": noise.verdict(c)}
+    out["at_step"] = ends.pop()
+    out["wide_better_than_dense"] = judged("dense_wide", "dense")
+    out["switch_better_than_wide"] = judged("switch_8_nojitter", "dense_wide")
+    return out
+
+
 def router_effects(result: dict) -> dict:
     """Each finished ROUTER run against switch_8 and dense of its own seed: its final held-out
     loss, the margins, the verdict against dense under the study's noise rule (like for like
@@ -314,7 +283,7 @@ def router_effects(result: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    lm_claims.arguments(p, "span_claims", RUNS + ROUTER + RATES + ONE_STACK + BATCHED,
+    lm_claims.arguments(p, "span_claims", RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE,
                         [r.name for r in RUNS])
     p.add_argument("--vocab", type=pathlib.Path, default=None,
                    help="lm_claims' tokenizer.model (runs/lm/dense/tokenizer.model), so both "
@@ -356,6 +325,7 @@ def main(argv=None) -> int:
     result["rate_effects"] = rate_effects(result)
     result["stack_effects"] = stack_effects(result)
     result["batch_effects"] = batch_effects(result)
+    result["wide_effects"] = wide_effects(result)
     # training against held-out loss at 0.04, each Switch run against dense of its seed: does
     # the model with the more parameters fit the text it has seen faster than the rest?
     result["train_and_held_out"] = verdicts.train_and_held_out_pairs(result, [

@@ -238,6 +238,13 @@ MODELS.update({
         **_SC_CPU,
         source="FLOP-matched dense baseline of switch_sc_cpu_8 (not a published model)",
     ),
+    "dense_sc_cpu_wide": dict(
+        **{**_SC_CPU, "d_ff": 1728},
+        source="dense encoder-decoder with switch_sc_cpu_8's parameters (each stack's FFN widths "
+               "384 + 8 x 384 = 2 x 1728), every parameter on every token: does span corruption "
+               "at this scale use FFN parameters at all (experiments/span_claims.py)? "
+               "not a published model",
+    ),
     "dense_lm_cpu": dict(
         **_LM_CPU,
         source="FLOP-matched dense baseline of switch_lm_cpu_* (not a published model)",

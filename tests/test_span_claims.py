@@ -211,3 +211,39 @@ def test_each_model_at_its_best_rate_is_judged_over_the_seeds_both_rates_ran():
     # dense better at 0.02 on the seeds both ran: 0.02 is its best
     runs.update(runs_at("dense", "dense_sc_cpu", 0.02, {0: 3.1, 1: 3.2}))
     assert span_claims.at_best_mean_rate({"runs": runs})["best_rate"]["dense"] == 0.02
+
+
+def test_dense_with_switchs_parameters_is_read_against_the_long_pair_at_its_own_steps():
+    """The wide dense runs stop at 6,000 steps where the long pair ran 12,000 on the same
+    schedule: each is judged at its last step against dense and Switch-8's evaluations there,
+    not against their final losses, and a seed stopped at another step is not paired."""
+    long = [2000, 4000, 6000, 12000]
+    wide = {r.seed: r for r in span_claims.WIDE}
+    assert wide[1].name == "dense_wide_lr0.04_s1" and wide[1].baseline == "dense_lr0.04_s1"
+    assert wide[0].model == "dense_sc_cpu_wide" and wide[0].steps == 6000
+    runs = {}
+    for seed, d, s, w in ((0, [3.3, 3.06, 2.92, 2.72], [3.37, 3.13, 3.01, 2.84], [3.2, 3.0, 2.85]),
+                          (1, [3.46, 3.11, 2.96, 2.69], [3.42, 3.12, 3.00, 2.82], [3.4, 3.0, 2.9])):
+        dense, switch = span_claims.rated(0.04, seed)
+        runs[dense.name] = summary(long, d, seed=seed, model=dense.model, flags=dense.flags)
+        runs[switch.name] = summary(long, s, seed=seed, model=switch.model, flags=switch.flags)
+        runs[wide[seed].name] = summary(long[:3], w, seed=seed, model=wide[seed].model,
+                                        flags=wide[seed].flags)
+    out = span_claims.wide_effects({"runs": runs})
+    assert out["at_step"] == 6000
+    s0 = out["by_seed"][0]
+    assert s0["steps"] == [2000, 4000, 6000]
+    assert s0["dense_wide_minus_dense"] == [pytest.approx(g) for g in (-0.1, -0.06, -0.07)]
+    assert s0["switch_8_nojitter_minus_dense"][-1] == pytest.approx(0.09)
+    c = out["wide_better_than_dense"]
+    assert c["seeds"] == [0, 1] and c["gaps"] == [pytest.approx(0.07), pytest.approx(0.06)]
+    assert c["noise_from"] == "paired" and c["verdict"] == "better, beyond noise"
+    s = out["switch_better_than_wide"]
+    assert s["gaps"] == [pytest.approx(-0.16), pytest.approx(-0.10)]
+    assert s["verdict"] == "worse, beyond noise"
+    # seed 1 stopped at 4,000 steps: its curve is reported, but no verdict pairs unlike steps
+    runs[wide[1].name] = summary(long[:2], [3.4, 3.0], seed=1, model=wide[1].model,
+                                 flags=wide[1].flags)
+    out = span_claims.wide_effects({"runs": runs})
+    assert set(out["by_seed"]) == {0, 1} and "at_step" not in out
+    assert span_claims.wide_effects({"runs": {}}) == {}
