@@ -27,9 +27,8 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
                                   decoder (a dense encoder) or the encoder (a dense decoder);
                                   only when named
     dense_wide_lr0.04 (_s1)       dense with Switch-8's parameters (dense_sc_cpu_wide: FFNs 1,728
-                                  wide) at 0.04 for 6,000 steps (--steps 12000, the long pair's
-                                  study; the rsqrt schedule does not depend on the length): do
-                                  FFN parameters pay on this task? only when named
+                                  wide) at 0.04 for 12,000 steps, the long pair's: do FFN
+                                  parameters pay on this task? only when named
     dense_lr0.04_b128, switch_8_nojitter_lr0.04_b128 (_s1, _s2)
                                   the 0.04 pair at 4x the batch for 600 steps (the same tokens,
                                   the warm-up / 4): each expert sees 4x the tokens a step; seeds
@@ -243,10 +242,13 @@ def wide_effects(result: dict) -> dict:
         return out if out["by_seed"] else {}
     ref = verdicts.reference(result)
 
-    def judged(better, worse):
+    names = {"dense_wide": WIDE[0].name, **dict(zip(("dense", "switch_8_nojitter"),
+                                                     (r.name for r in rated(0.04))))}
+
+    def judged(better, worse):           # named by their seed-0 runs, as verdicts.compare does
         c = noise.compare({s: v[better] for s, (v, _) in last.items()},
                           {s: v[worse] for s, (v, _) in last.items()}, ref)
-        return {"runs": [better, worse], **c, "verdict": noise.verdict(c)}
+        return {"runs": [names[better], names[worse]], **c, "verdict": noise.verdict(c)}
     out["at_step"] = ends.pop()
     out["wide_better_than_dense"] = judged("dense_wide", "dense")
     out["switch_better_than_wide"] = judged("switch_8_nojitter", "dense_wide")

@@ -61,11 +61,11 @@ ONE_STACK = [Run(harness.seeded_name(f"switch_8_{stack}_nojitter_lr0.04", seed),
            for stack, model in STACKS.items() for seed in (0, 1, 2)]
 # Does span corruption at this scale turn FFN parameters into loss at all? Dense with Switch-8's
 # parameters (dense_sc_cpu_wide: each stack's FFNs 2 x 1728 = 384 + 8 x 384), every parameter on
-# every token at ~2.3x dense's FLOPs, at 0.04 on the long pair's schedule (rsqrt after 250 steps,
-# which does not depend on the run's length) for 6,000 steps: against the long pair's
-# evaluations of the same seed at the same steps; trained only when named
+# every token at 1.7x dense's FLOPs, at 0.04 on the long pair's schedule and steps (the rsqrt
+# decay after 250 steps does not depend on a run's length, so a run stopped early is the long
+# run's first steps); each against dense and Switch-8 at 0.04 of its seed; only when named
 WIDE = [Run(harness.seeded_name("dense_wide_lr0.04", seed), "dense_sc_cpu_wide",
-            ("--config.learning_rate=0.04",), seed=seed, steps=6000,
+            ("--config.learning_rate=0.04",), seed=seed, steps=12000,
             baseline=harness.seeded_name("dense_lr0.04", seed)) for seed in (0, 1)]
 BATCH, INPUTS, TARGETS = 32, 128, 29
 # Does Switch-8 fit span corruption slowly because its experts see few tokens a step (the

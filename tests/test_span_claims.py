@@ -214,13 +214,13 @@ def test_each_model_at_its_best_rate_is_judged_over_the_seeds_both_rates_ran():
 
 
 def test_dense_with_switchs_parameters_is_read_against_the_long_pair_at_its_own_steps():
-    """The wide dense runs stop at 6,000 steps where the long pair ran 12,000 on the same
-    schedule: each is judged at its last step against dense and Switch-8's evaluations there,
-    not against their final losses, and a seed stopped at another step is not paired."""
+    """A wide dense run stopped short of the long pair's 12,000 steps (the same schedule) is
+    judged at its last step against dense and Switch-8's evaluations there, not against their
+    final losses, and seeds stopped at unlike steps are not paired."""
     long = [2000, 4000, 6000, 12000]
     wide = {r.seed: r for r in span_claims.WIDE}
     assert wide[1].name == "dense_wide_lr0.04_s1" and wide[1].baseline == "dense_lr0.04_s1"
-    assert wide[0].model == "dense_sc_cpu_wide" and wide[0].steps == 6000
+    assert wide[0].model == "dense_sc_cpu_wide" and wide[0].steps == 12000
     runs = {}
     for seed, d, s, w in ((0, [3.3, 3.06, 2.92, 2.72], [3.37, 3.13, 3.01, 2.84], [3.2, 3.0, 2.85]),
                           (1, [3.46, 3.11, 2.96, 2.69], [3.42, 3.12, 3.00, 2.82], [3.4, 3.0, 2.9])):
@@ -236,6 +236,7 @@ def test_dense_with_switchs_parameters_is_read_against_the_long_pair_at_its_own_
     assert s0["dense_wide_minus_dense"] == [pytest.approx(g) for g in (-0.1, -0.06, -0.07)]
     assert s0["switch_8_nojitter_minus_dense"][-1] == pytest.approx(0.09)
     c = out["wide_better_than_dense"]
+    assert c["runs"] == ["dense_wide_lr0.04", "dense_lr0.04"]
     assert c["seeds"] == [0, 1] and c["gaps"] == [pytest.approx(0.07), pytest.approx(0.06)]
     assert c["noise_from"] == "paired" and c["verdict"] == "better, beyond noise"
     s = out["switch_better_than_wide"]
