@@ -213,7 +213,7 @@ def batch_effects(result: dict) -> dict:
 
 def wide_effects(result: dict) -> dict:
     """Dense with Switch-8's parameters (WIDE) against dense and no-jitter Switch-8 at 0.04 of
-    its seed, which ran longer on the same schedule and batches: their held-out losses at each
+    its seed (the same schedule and batches, as long or longer): their held-out losses at each
     evaluation the wide run made, and at its last step two verdicts under the study's rule
     (paired by seed; with one seed, its reference spread): is the wide model better than dense
     (do FFN parameters seen by every token pay on this task?) and is Switch-8 better than it?"""
