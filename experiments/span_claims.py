@@ -56,7 +56,7 @@ import lm_claims  # noqa: E402
 import plots  # noqa: E402
 import verdicts  # noqa: E402
 from span_runs import (  # noqa: E402
-    BATCH, BATCH_SEEDS, BATCHED, INPUTS, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS, STACKS,
+    ALL, BATCH, BATCH_SEEDS, BATCHED, INPUTS, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS, STACKS,
     TARGETS, WIDE, WIDER, at_rate, batched, rated)
 from switchzoo import noise  # noqa: E402
 
@@ -65,7 +65,7 @@ def study(args) -> harness.Study:
     corpus = pathlib.Path(args.corpus).resolve()
     return harness.Study(
         name=args.name, config="configs/c4_cpu.py",
-        runs=RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE, steps=args.steps,
+        runs=ALL, steps=args.steps,
         eval_every=args.eval_every, title="Switch vs dense, span corruption on English prose",
         vocab=None if args.vocab is None else args.vocab.resolve(),
         flags=(f"--config.per_device_batch_size={BATCH}", "--config.data.source=files",
@@ -285,7 +285,7 @@ def router_effects(result: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    lm_claims.arguments(p, "span_claims", RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE,
+    lm_claims.arguments(p, "span_claims", ALL,
                         [r.name for r in RUNS])
     p.add_argument("--vocab", type=pathlib.Path, default=None,
                    help="lm_claims' tokenizer.model (runs/lm/dense/tokenizer.model), so both "

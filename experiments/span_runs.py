@@ -91,6 +91,7 @@ def batched(seed: int) -> list[Run]:
 
 BATCH_SEEDS = (0, 1, 2)
 BATCHED = [r for seed in BATCH_SEEDS for r in batched(seed)]
+ALL = RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE     # the study's runs, in its order
 
 
 def at_rate(stem: str, rate: float) -> str:
