@@ -56,8 +56,8 @@ import lm_claims  # noqa: E402
 import plots  # noqa: E402
 import verdicts  # noqa: E402
 from span_runs import (  # noqa: E402
-    ALL, BATCH, BATCH_SEEDS, BATCHED, INPUTS, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS, STACKS,
-    TARGETS, WIDE, WIDER, at_rate, batched, rated)
+    ALL, BATCH, BATCH_SEEDS, BATCHED, GATE, INPUTS, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS,
+    STACKS, TARGETS, WIDE, WIDER, at_rate, batched, rated)
 from switchzoo import noise  # noqa: E402
 
 
@@ -99,6 +99,11 @@ def plot(result: dict, path: pathlib.Path) -> None:
     if wide:
         panels["dense with Switch-8's parameters (dense_wide), 0.04"] = [
             n for r in WIDE for n in (*(p.name for p in rated(0.04, r.seed)), r.name)
+            if n in result["runs"]]
+    gate = [r.name for r in GATE if r.name in result["runs"]]
+    if gate:
+        panels["Switch-8 with its gate's value held at 1 (unitgate), 0.04"] = [
+            n for r in GATE for n in (*(p.name for p in rated(0.04, r.seed)), r.name)
             if n in result["runs"]]
     harness.plot_curves(result, path, panels)
     pairs = {n: c for n, c in result.get("train_and_held_out", {}).items()
@@ -211,48 +216,61 @@ def batch_effects(result: dict) -> dict:
     return out
 
 
-def wide_effects(result: dict) -> dict:
-    """Dense with Switch-8's parameters (WIDE) against dense and no-jitter Switch-8 at 0.04 of
-    its seed (the same schedule and batches, as long or longer): their held-out losses at each
-    evaluation the wide run made, and at its last step two verdicts under the study's rule
-    (paired by seed; with one seed, its reference spread): is the wide model better than dense
-    (do FFN parameters seen by every token pay on this task?) and is Switch-8 better than it?"""
+def against_the_pair(result: dict, variants, key: str, questions: dict) -> dict:
+    """Each run of ``variants`` (named ``key`` here) against dense and no-jitter Switch-8 at
+    0.04 of its seed (the same schedule and batches, as long or longer): their held-out losses
+    at each evaluation the variant made, its training cross-entropy against dense's, and at its
+    last step one verdict per question ({"a_better_than_b": (a, b)}, each of ``key``, "dense"
+    and "switch_8_nojitter") under the study's rule (paired by seed; with one seed, its
+    reference spread). Seeds stopped at unlike steps get no verdict."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
     out, last = {"by_seed": {}}, {}
-    for run in WIDE:
+    for run in variants:
         dense, switch = (r.name for r in rated(0.04, run.seed))
         if not all(n in runs for n in (run.name, dense, switch)):
             continue
         at = {k: dict(zip(runs[n]["steps"], runs[n]["eval_loss"]))
-              for k, n in (("dense_wide", run.name), ("dense", dense),
-                           ("switch_8_nojitter", switch))}
-        steps = sorted(set(at["dense_wide"]) & set(at["dense"]) & set(at["switch_8_nojitter"]))
+              for k, n in ((key, run.name), ("dense", dense), ("switch_8_nojitter", switch))}
+        steps = sorted(set(at[key]) & set(at["dense"]) & set(at["switch_8_nojitter"]))
         if not steps:
             continue
         seed = out["by_seed"][run.seed] = {"steps": steps, **{
             k: [round(v[s], 4) for s in steps] for k, v in at.items()}}
-        for k in ("dense_wide", "switch_8_nojitter"):
+        for k in (key, "switch_8_nojitter"):
             seed[f"{k}_minus_dense"] = [round(at[k][s] - at["dense"][s], 4) for s in steps]
         training = verdicts.train_and_held_out(runs[run.name], runs[dense])
         if training:
-            seed["dense_wide_minus_dense_train"] = training["train_minus_baseline"]
+            seed[f"{key}_minus_dense_train"] = training["train_minus_baseline"]
         last[run.seed] = {k: v[steps[-1]] for k, v in at.items()}, steps[-1]
     ends = {step for _, step in last.values()}
     if len(ends) != 1:                     # no seed finished, or seeds judged at unlike steps
         return out if out["by_seed"] else {}
     ref = verdicts.reference(result)
-
-    names = {"dense_wide": WIDE[0].name, **dict(zip(("dense", "switch_8_nojitter"),
-                                                     (r.name for r in rated(0.04))))}
+    names = {key: variants[0].name, **dict(zip(("dense", "switch_8_nojitter"),
+                                               (r.name for r in rated(0.04))))}
 
     def judged(better, worse):           # named by their seed-0 runs, as verdicts.compare does
         c = noise.compare({s: v[better] for s, (v, _) in last.items()},
                           {s: v[worse] for s, (v, _) in last.items()}, ref)
         return {"runs": [names[better], names[worse]], **c, "verdict": noise.verdict(c)}
     out["at_step"] = ends.pop()
-    out["wide_better_than_dense"] = judged("dense_wide", "dense")
-    out["switch_better_than_wide"] = judged("switch_8_nojitter", "dense_wide")
+    out.update({q: judged(*pair) for q, pair in questions.items()})
     return out
+
+
+def wide_effects(result: dict) -> dict:
+    """Dense with Switch-8's parameters (WIDE): does a dense model with them beat dense (do FFN
+    parameters seen by every token pay on this task?), and does Switch-8 beat it?"""
+    return against_the_pair(result, WIDE, "dense_wide", {
+        "wide_better_than_dense": ("dense_wide", "dense"),
+        "switch_better_than_wide": ("switch_8_nojitter", "dense_wide")})
+
+
+def gate_effects(result: dict) -> dict:
+    """Switch-8 with its gate's value held at 1 (GATE): does it beat Switch-8, and dense?"""
+    return against_the_pair(result, GATE, "switch_8_unitgate", {
+        "unit_gate_better_than_switch": ("switch_8_unitgate", "switch_8_nojitter"),
+        "unit_gate_better_than_dense": ("switch_8_unitgate", "dense")})
 
 
 def router_effects(result: dict) -> dict:
@@ -328,6 +346,7 @@ def main(argv=None) -> int:
     result["stack_effects"] = stack_effects(result)
     result["batch_effects"] = batch_effects(result)
     result["wide_effects"] = wide_effects(result)
+    result["gate_effects"] = gate_effects(result)
     # training against held-out loss at 0.04, each Switch run against dense of its seed: does
     # the model with the more parameters fit the text it has seen faster than the rest?
     result["train_and_held_out"] = verdicts.train_and_held_out_pairs(result, [

@@ -67,6 +67,17 @@ ONE_STACK = [Run(harness.seeded_name(f"switch_8_{stack}_nojitter_lr0.04", seed),
 WIDE = [Run(harness.seeded_name("dense_wide_lr0.04", seed), "dense_sc_cpu_wide",
             ("--config.learning_rate=0.04",), seed=seed, steps=12000,
             baseline=harness.seeded_name("dense_lr0.04", seed)) for seed in (0, 1)]
+# Is it the gate? An expert's output is scaled by its router probability (0.4-0.6 in the
+# encoder at 12k, ~0.9 in the LM), where a dense FFN's is 1. Switch-8 at 0.04 with the gate's
+# value held at 1 and its gradient the probability's (moe.gates_sum_to_one with
+# straight_through_steps=-1: the renormalised top-1 gate is 1, differentiated as the raw
+# probability, so the router learns as Switch's does and each expert's output is unscaled);
+# each against dense and no-jitter Switch-8 at 0.04 of its seed; trained only when named
+GATE = [Run(harness.seeded_name("switch_8_unitgate_lr0.04", seed), "switch_sc_cpu_8",
+            ("--config.learning_rate=0.04", "--config.moe.jitter=0",
+             "--config.moe.gates_sum_to_one=true", "--config.moe.straight_through_steps=-1"),
+            seed=seed, steps=12000, baseline=harness.seeded_name("dense_lr0.04", seed))
+        for seed in (0, 1)]
 BATCH, INPUTS, TARGETS = 32, 128, 29
 # Does Switch-8 fit span corruption slowly because its experts see few tokens a step (the
 # decoder's an eighth of 32 x 29 target positions, ~116, where an LM Switch layer's see ~480)?
@@ -91,7 +102,7 @@ def batched(seed: int) -> list[Run]:
 
 BATCH_SEEDS = (0, 1, 2)
 BATCHED = [r for seed in BATCH_SEEDS for r in batched(seed)]
-ALL = RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE     # the study's runs, in its order
+ALL = RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE + GATE  # the study's runs, in order
 
 
 def at_rate(stem: str, rate: float) -> str:

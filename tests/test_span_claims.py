@@ -248,3 +248,30 @@ def test_dense_with_switchs_parameters_is_read_against_the_long_pair_at_its_own_
     out = span_claims.wide_effects({"runs": runs})
     assert set(out["by_seed"]) == {0, 1} and "at_step" not in out
     assert span_claims.wide_effects({"runs": {}}) == {}
+
+
+def test_the_unit_gate_runs_hold_the_gate_at_one_and_are_judged_against_switch_and_dense():
+    """GATE is no-jitter Switch-8 at 0.04 with the renormalised top-1 gate (value 1) trained
+    straight through on every step; gate_effects pairs it by seed with that Switch-8 and with
+    dense at their evaluations."""
+    gate = {r.seed: r for r in span_claims.GATE}
+    for seed, run in gate.items():
+        assert run.flags[:2] == span_claims.rated(0.04, seed)[1].flags and run.steps == 12000
+        assert {"--config.moe.gates_sum_to_one=true",
+                "--config.moe.straight_through_steps=-1"} <= set(run.flags)
+    long = [2000, 12000]
+    runs = {}
+    for seed, d, s, g in ((0, [3.3, 2.72], [3.37, 2.84], [3.35, 2.78]),
+                          (1, [3.46, 2.69], [3.42, 2.82], [3.40, 2.75])):
+        dense, switch = span_claims.rated(0.04, seed)
+        for run, losses in ((dense, d), (switch, s), (gate[seed], g)):
+            runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
+    out = span_claims.gate_effects({"runs": runs})
+    assert out["at_step"] == 12000
+    assert out["by_seed"][1]["switch_8_unitgate_minus_dense"] == [
+        pytest.approx(-0.06), pytest.approx(0.06)]
+    c = out["unit_gate_better_than_switch"]
+    assert c["runs"] == ["switch_8_unitgate_lr0.04", "switch_8_nojitter_lr0.04"]
+    assert c["gaps"] == [pytest.approx(0.06), pytest.approx(0.07)]
+    assert c["verdict"] == "better, beyond noise"
+    assert out["unit_gate_better_than_dense"]["verdict"] == "worse, beyond noise"
