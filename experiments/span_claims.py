@@ -168,16 +168,16 @@ def at_best_mean_rate(result: dict) -> dict:
 
 
 def stack_effects(result: dict) -> dict:
-    """{"dec" / "enc": ...} for each one-stack Switch-8 (ONE_STACK) with a finished seed-0 run:
-    against dense and against the no-jitter Switch-8 of its rate, each like for like over the
-    seeds both finished (verdicts.compare), with its final losses by seed and its one router's
-    entropy over the last training interval."""
+    """{"dec" / "enc": ...} for each one-stack Switch-8 (ONE_STACK) with a finished run of any
+    seed: against dense and against the no-jitter Switch-8 of its rate, each like for like over
+    the seeds both finished (verdicts.compare), with its final losses by seed and its one
+    router's entropy over the last training interval."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
     finished = {**result, "runs": runs}
     out = {}
     for stack, model in STACKS.items():
-        mine = [r.name for r in ONE_STACK if r.model == model]
-        if mine[0] not in runs:
+        mine = [r.name for r in ONE_STACK if r.model == model and r.name in runs]
+        if not mine:
             continue
         c = out[stack] = {"final_eval_loss": verdicts.seeds(finished, mine[0]),
                           "router_entropy_train": {n: runs[n].get("router_entropy_train")

@@ -100,6 +100,12 @@ def test_span_stack_effects_judge_the_dense_encoder_switch_against_dense_and_swi
     assert s["seeds"] == [0] and s["noise_from"] == "reference" and s["better"]
     assert span_claims.stack_effects({"runs": {k: v for k, v in runs.items()
                                                  if not k.startswith(dec)}}) == {}
+    # a study that ran seed 1 alone (the 12,000-step one) is judged on that seed
+    del runs[dec]
+    alone = span_claims.stack_effects({"runs": runs})["dec"]
+    assert alone["final_eval_loss"] == {1: 3.6}
+    assert alone["against_dense_lr0.04"]["seeds"] == [1]
+    assert alone["against_dense_lr0.04"]["gaps"] == [pytest.approx(0.1)]
     names = {r.name: r for r in span_claims.ONE_STACK}
     assert names[dec + "_s2"].baseline == "dense_lr0.04_s2"
     assert names[dec].model == "switch_sc_cpu_8_dec"
