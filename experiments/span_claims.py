@@ -75,6 +75,14 @@ def study(args) -> harness.Study:
                f"--config.data.max_eval_examples={args.eval_examples}"))
 
 
+def beside_the_pair(result: dict, variants) -> list[str]:
+    """The runs of ``variants`` that ran, each after dense and no-jitter Switch-8 at 0.04 of
+    its seed (each name once)."""
+    names = (n for r in variants if r.name in result["runs"]
+             for n in (*(p.name for p in rated(0.04, r.seed)), r.name))
+    return list(dict.fromkeys(n for n in names if n in result["runs"]))
+
+
 def plot(result: dict, path: pathlib.Path) -> None:
     seeds = len({run.get("seed") for run in result["runs"].values()})
     title = f"span corruption: dense vs Switch-8, {seeds} seed{'s' if seeds > 1 else ''}"
@@ -87,24 +95,16 @@ def plot(result: dict, path: pathlib.Path) -> None:
     if rates:
         panels["by learning rate: dense and no-jitter Switch-8"] = [
             "dense", "switch_8_nojitter", *rates]
-    one_stack = [r.name for r in ONE_STACK if r.name in result["runs"]]
-    if one_stack:
-        panels["one Switch layer: in the decoder alone or the encoder alone, 0.04"] = [
-            n for n in ("dense_lr0.04", "switch_8_nojitter_lr0.04") if n in result["runs"]
-        ] + one_stack
     batched = [r.name for r in BATCHED if r.name in result["runs"]]
     if batched:
-        panels[f"0.04 at {WIDER}x the batch, a quarter of the steps (seed 0)"] = batched
-    wide = [r.name for r in WIDE if r.name in result["runs"]]
-    if wide:
-        panels["dense with Switch-8's parameters (dense_wide), 0.04"] = [
-            n for r in WIDE for n in (*(p.name for p in rated(0.04, r.seed)), r.name)
-            if n in result["runs"]]
-    gate = [r.name for r in GATE if r.name in result["runs"]]
-    if gate:
-        panels["Switch-8 with its gate's value held at 1 (unitgate), 0.04"] = [
-            n for r in GATE for n in (*(p.name for p in rated(0.04, r.seed)), r.name)
-            if n in result["runs"]]
+        panels[f"0.04 at {WIDER}x the batch, a quarter of the steps"] = batched
+    for label, variants in (
+            ("one Switch layer: in the decoder alone or the encoder alone, 0.04", ONE_STACK),
+            ("dense with Switch-8's parameters (dense_wide), 0.04", WIDE),
+            ("Switch-8 with its gate's value held at 1 (unitgate), 0.04", GATE)):
+        names = beside_the_pair(result, variants)
+        if names:
+            panels[label] = names
     harness.plot_curves(result, path, panels)
     pairs = {n: c for n, c in result.get("train_and_held_out", {}).items()
              if n.startswith("switch_8_nojitter")}      # the one-stack runs: in the JSON only

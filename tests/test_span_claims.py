@@ -281,3 +281,16 @@ def test_the_unit_gate_runs_hold_the_gate_at_one_and_are_judged_against_switch_a
     assert c["gaps"] == [pytest.approx(0.06), pytest.approx(0.07)]
     assert c["verdict"] == "better, beyond noise"
     assert out["unit_gate_better_than_dense"]["verdict"] == "worse, beyond noise"
+
+
+def test_a_variants_plot_panel_shows_it_beside_the_pair_of_its_own_seed_once():
+    ran = ["dense_lr0.04", "switch_8_nojitter_lr0.04", "dense_lr0.04_s1",
+           "switch_8_nojitter_lr0.04_s1", "switch_8_dec_nojitter_lr0.04_s1",
+           "switch_8_enc_nojitter_lr0.04_s1", "switch_8_unitgate_lr0.04_s1"]
+    result = {"runs": dict.fromkeys(ran, {})}
+    pair = ["dense_lr0.04_s1", "switch_8_nojitter_lr0.04_s1"]
+    assert span_claims.beside_the_pair(result, span_claims.ONE_STACK) == pair + [
+        "switch_8_dec_nojitter_lr0.04_s1", "switch_8_enc_nojitter_lr0.04_s1"]
+    assert span_claims.beside_the_pair(result, span_claims.GATE) == pair + [
+        "switch_8_unitgate_lr0.04_s1"]
+    assert span_claims.beside_the_pair(result, span_claims.WIDE) == []
