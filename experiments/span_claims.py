@@ -246,10 +246,11 @@ def against_the_pair(result: dict, variants, key: str, questions: dict) -> dict:
     if len(ends) != 1:                     # no seed finished, or seeds judged at unlike steps
         return out if out["by_seed"] else {}
     ref = verdicts.reference(result)
-    names = {key: variants[0].name, **dict(zip(("dense", "switch_8_nojitter"),
-                                               (r.name for r in rated(0.04))))}
+    first = min(last)                    # verdicts are named by their lowest judged seed's runs
+    names = {key: next(r.name for r in variants if r.seed == first),
+             **dict(zip(("dense", "switch_8_nojitter"), (r.name for r in rated(0.04, first))))}
 
-    def judged(better, worse):           # named by their seed-0 runs, as verdicts.compare does
+    def judged(better, worse):
         c = noise.compare({s: v[better] for s, (v, _) in last.items()},
                           {s: v[worse] for s, (v, _) in last.items()}, ref)
         return {"runs": [names[better], names[worse]], **c, "verdict": noise.verdict(c)}

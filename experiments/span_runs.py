@@ -73,11 +73,16 @@ WIDE = [Run(harness.seeded_name("dense_wide_lr0.04", seed), "dense_sc_cpu_wide",
 # straight_through_steps=-1: the renormalised top-1 gate is 1, differentiated as the raw
 # probability, so the router learns as Switch's does and each expert's output is unscaled);
 # each against dense and no-jitter Switch-8 at 0.04 of its seed; trained only when named
-GATE = [Run(harness.seeded_name("switch_8_unitgate_lr0.04", seed), "switch_sc_cpu_8",
-            ("--config.learning_rate=0.04", "--config.moe.jitter=0",
-             "--config.moe.gates_sum_to_one=true", "--config.moe.straight_through_steps=-1"),
-            seed=seed, steps=12000, baseline=harness.seeded_name("dense_lr0.04", seed))
-        for seed in (0, 1)]
+def unit_gate(seed: int) -> Run:
+    """rated(0.04, seed)'s Switch-8 with the gate's value held at 1, for the long pair's steps."""
+    dense, switch = rated(0.04, seed)
+    return Run(harness.seeded_name("switch_8_unitgate_lr0.04", seed), switch.model,
+               switch.flags + ("--config.moe.gates_sum_to_one=true",
+                               "--config.moe.straight_through_steps=-1"),
+               seed=seed, steps=12000, baseline=dense.name)
+
+
+GATE = [unit_gate(seed) for seed in (0, 1)]
 BATCH, INPUTS, TARGETS = 32, 128, 29
 # Does Switch-8 fit span corruption slowly because its experts see few tokens a step (the
 # decoder's an eighth of 32 x 29 target positions, ~116, where an LM Switch layer's see ~480)?

@@ -294,3 +294,14 @@ def test_a_variants_plot_panel_shows_it_beside_the_pair_of_its_own_seed_once():
     assert span_claims.beside_the_pair(result, span_claims.GATE) == pair + [
         "switch_8_unitgate_lr0.04_s1"]
     assert span_claims.beside_the_pair(result, span_claims.WIDE) == []
+
+
+def test_a_variant_judged_on_seed_1_alone_is_named_by_its_seed_1_runs():
+    long = [2000, 12000]
+    dense, switch = span_claims.rated(0.04, 1)
+    gate = span_claims.GATE[1]
+    runs = {r.name: summary(long, losses, seed=1, model=r.model, flags=r.flags)
+            for r, losses in ((dense, [3.46, 2.69]), (switch, [3.42, 2.82]),
+                              (gate, [3.40, 2.75]))}
+    c = span_claims.gate_effects({"runs": runs})["unit_gate_better_than_switch"]
+    assert c["runs"] == [gate.name, switch.name] and c["seeds"] == [1]
