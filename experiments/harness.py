@@ -51,6 +51,8 @@ class Run:
     seed: int = 0
     baseline: str | None = None        # the run it is compared with (None: itself)
     steps: int | None = None           # None: the study's
+    eval_every: int | None = None      # None: the study's (a run of fewer, larger steps
+                                       # evaluates as often in tokens)
     before: Callable | None = None     # (study, run, out) -> extra flags; prepares the start
     starts_from: str | None = None     # how it starts, for the record (e.g. "upcycle:dense")
     report: bool = True                # False: trained for the others (e.g. the vocabulary
@@ -75,6 +77,9 @@ class Study:
 
     def steps_of(self, run: Run) -> int:
         return run.steps or self.steps
+
+    def every_of(self, run: Run) -> int:
+        return run.eval_every or self.eval_every
 
 
 def seeded_name(name: str, seed: int) -> str:
@@ -101,7 +106,7 @@ def finished(study: Study, run: Run, out: pathlib.Path) -> bool:
 
 
 def command(study: Study, run: Run, out: pathlib.Path, vocab: pathlib.Path | None) -> list[str]:
-    every = study.eval_every
+    every = study.every_of(run)
     cmd = [sys.executable, str(ROOT / "train.py"),
            f"--config={ROOT / study.config}:model={run.model},steps={study.steps_of(run)}",
            f"--workdir={out / run.name}", f"--config.seed={run.seed}",
@@ -198,7 +203,7 @@ def summarise(study: Study, r: Run, out: pathlib.Path, seconds: dict) -> dict | 
     if not evals:
         return None
     steps = study.steps_of(r)
-    last = [t for t in trains if t["step"] > steps - study.eval_every]
+    last = [t for t in trains if t["step"] > steps - study.every_of(r)]
     final = evals[-1]
     per_step = statistics.fmean(t["tokens"] for t in trains) if trains else 0.0
     load = final.get("expert_load")

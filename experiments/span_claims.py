@@ -33,6 +33,10 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
                                   the 0.04 pair at 4x the batch for 600 steps (the same tokens,
                                   the warm-up / 4): each expert sees 4x the tokens a step; seeds
                                   0, 1 and 2; only when named
+    dense_lr0.04_b128_long, switch_8_nojitter_lr0.04_b128_long (_s1)
+                                  the same at the long pair's budget: 3,000 steps of 128 (the
+                                  tokens of 12,000 of 32), evaluated every 250; seeds 0 and 1;
+                                  only when named
 
 32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
 encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
@@ -56,8 +60,8 @@ import lm_claims  # noqa: E402
 import plots  # noqa: E402
 import verdicts  # noqa: E402
 from span_runs import (  # noqa: E402
-    ALL, BATCH, BATCH_SEEDS, BATCHED, GATE, INPUTS, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS,
-    STACKS, TARGETS, WIDE, WIDER, at_rate, batched, rated)
+    ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, GATE, INPUTS, LONG_EVERY, ONE_STACK,
+    RATE_GRID, RATES, ROUTER, RUNS, STACKS, TARGETS, WIDE, WIDER, at_rate, batched, rated)
 from switchzoo import noise  # noqa: E402
 
 
@@ -95,9 +99,11 @@ def plot(result: dict, path: pathlib.Path) -> None:
     if rates:
         panels["by learning rate: dense and no-jitter Switch-8"] = [
             "dense", "switch_8_nojitter", *rates]
-    batched = [r.name for r in BATCHED if r.name in result["runs"]]
-    if batched:
-        panels[f"0.04 at {WIDER}x the batch, a quarter of the steps"] = batched
+    for label, variants in ((f"0.04 at {WIDER}x the batch, a quarter of the steps", BATCHED),
+                            (f"the long pair at {WIDER}x the batch, 3,000 steps", BATCHED_LONG)):
+        names = [r.name for r in variants if r.name in result["runs"]]
+        if names:
+            panels[label] = names
     for label, variants in (
             ("one Switch layer: in the decoder alone or the encoder alone, 0.04", ONE_STACK),
             ("dense with Switch-8's parameters (dense_wide), 0.04", WIDE),
@@ -188,31 +194,47 @@ def stack_effects(result: dict) -> dict:
     return out
 
 
-def batch_effects(result: dict) -> dict:
-    """The 0.04 pair at WIDER x the batch (BATCHED) over the seeds where both finished: each
-    one's final loss by seed, Switch minus dense of each seed there and at the study's batch
-    (the same seed and tokens), and the verdict at the wider batch under the study's rule
-    (paired by seed; with one seed, its reference spread)."""
+def batch_effects(result: dict, budget: int = 2400) -> dict:
+    """The 0.04 pair at WIDER x the batch for the tokens of ``budget`` steps (BATCHED at 2,400,
+    BATCHED_LONG at 12,000) over the seeds where both finished: each one's final loss by seed,
+    Switch minus dense of each seed there and at the study's batch (the same seed and tokens),
+    each evaluation's gap beside the study batch's at the same tokens (keyed by its steps), and
+    the verdict at the wider batch under the study's rule (paired by seed; with one seed, its
+    reference spread)."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
-    done = [seed for seed in BATCH_SEEDS if all(r.name in runs for r in batched(seed))]
+    done = [seed for seed in BATCH_SEEDS[budget]
+            if all(r.name in runs for r in batched(seed, budget))]
     if not done:
         return {}
-    dense, switch = batched(done[0])
+    dense, switch = batched(done[0], budget)
     finished = {**result, "runs": runs}
 
     def gap(pair):
         return round(runs[pair[1].name]["final_eval_loss"]
                      - runs[pair[0].name]["final_eval_loss"], 4)
 
+    def gaps(pair, scale=1):              # {study-batch step: Switch minus dense}
+        at = [dict(zip(runs[r.name]["steps"], runs[r.name]["eval_loss"])) for r in pair]
+        return {s * scale: round(at[1][s] - at[0][s], 4) for s in sorted(set(at[0]) & set(at[1]))}
+
     out = {"batch": BATCH * WIDER, "steps": runs[dense.name]["train_steps"], "seeds": done,
-           "dense": {s: runs[batched(s)[0].name]["final_eval_loss"] for s in done},
-           "switch_8_nojitter": {s: runs[batched(s)[1].name]["final_eval_loss"] for s in done},
-           "switch_minus_dense": {s: gap(batched(s)) for s in done},
+           "dense": {s: runs[batched(s, budget)[0].name]["final_eval_loss"] for s in done},
+           "switch_8_nojitter": {s: runs[batched(s, budget)[1].name]["final_eval_loss"]
+                                 for s in done},
+           "switch_minus_dense": {s: gap(batched(s, budget)) for s in done},
            "switch_better": verdicts.compare(finished, switch.name, dense.name)}
     narrow = {s: gap(rated(0.04, s)) for s in done
               if all(r.name in runs for r in rated(0.04, s))}
     if narrow:
         out[f"switch_minus_dense_at_batch_{BATCH}"] = narrow
+    by_tokens = {}
+    for s in done:
+        wide = gaps(batched(s, budget), WIDER)
+        pair = rated(0.04, s)
+        at_32 = gaps(pair) if all(r.name in runs for r in pair) else {}
+        by_tokens[s] = {"steps_at_batch_32": list(wide), "switch_minus_dense": list(wide.values()),
+                        f"switch_minus_dense_at_batch_{BATCH}": [at_32.get(k) for k in wide]}
+    out["by_tokens"] = by_tokens
     return out
 
 
@@ -318,12 +340,20 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     s = study(args)
-    batched = sorted(set(args.runs) & {r.name for r in BATCHED})
-    if batched and not args.report and (args.steps, args.warmup) != (2400, 250):
-        print(f"error: --runs {batched}: the 4x-batch pair is the 2,400-step study's (600 steps, "
-              f"warm-up 62); run it with --steps 2400 --warmup 250, not {args.steps} / "
-              f"{args.warmup}", file=sys.stderr)
-        return 2
+    for variants, study_of in ((BATCHED, (2400, 250, None)),
+                               (BATCHED_LONG, (12000, 250, LONG_EVERY))):
+        named = sorted(set(args.runs) & {r.name for r in variants})
+        steps, warmup, every = study_of
+        if named and not args.report and (
+                (args.steps, args.warmup) != (steps, warmup)
+                or every not in (None, args.eval_every)):
+            flags = f"--steps {steps} --warmup {warmup}" + (
+                f" --eval-every {every}" if every else "")
+            print(f"error: --runs {named}: the 4x-batch pair is the {steps:,}-step study's "
+                  f"({steps // WIDER} steps, warm-up {250 // WIDER}); run it with {flags}, not "
+                  f"--steps {args.steps} --warmup {args.warmup} --eval-every {args.eval_every}",
+                  file=sys.stderr)
+            return 2
     if not args.report:
         harness.run(s, args.out, only=args.runs)
     harness.evaluate(s, args.out)
@@ -346,6 +376,7 @@ def main(argv=None) -> int:
     result["rate_effects"] = rate_effects(result)
     result["stack_effects"] = stack_effects(result)
     result["batch_effects"] = batch_effects(result)
+    result["batch_effects_long"] = batch_effects(result, 12000)
     result["wide_effects"] = wide_effects(result)
     result["gate_effects"] = gate_effects(result)
     # training against held-out loss at 0.04, each Switch run against dense of its seed: does
@@ -358,7 +389,8 @@ def main(argv=None) -> int:
     print(json.dumps({"claims": result["claims"], "router_effects": result["router_effects"],
                       "rate_effects": result["rate_effects"],
                       "stack_effects": result["stack_effects"],
-                      "batch_effects": result["batch_effects"]}, indent=1))
+                      "batch_effects": result["batch_effects"],
+                      "batch_effects_long": result["batch_effects_long"]}, indent=1))
     return 0
 
 

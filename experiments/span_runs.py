@@ -90,24 +90,36 @@ BATCH, INPUTS, TARGETS = 32, 128, 29
 # schedule in tokens (warm-up 250 / 4), each expert ~4x the tokens a step; seeds 0, 1 and 2
 # (dense_lr0.04_b128, _s1, _s2); trained only when named
 WIDER = 4
+# At the long pair's budget (12,000 steps of 32) the same question where the deficit lives: Switch-8
+# leads dense until ~4,000 steps, then falls behind in its training loss as much as held out. Is
+# that the experts' few tokens a step (or the steps themselves), or the tokens seen? The long 0.04
+# pair at 4x the batch for 3,000 steps, evaluated every 250 (the batch-32 runs' every 1,000, in
+# tokens); seeds 0 and 1 (dense_lr0.04_b128_long, _s1); trained only when named
+BUDGETS = {2400: "", 12000: "_long"}         # the batch-32 study's steps -> the runs' name tag
+LONG_EVERY = 1000                            # the long study's evaluation interval (batch 32)
 
 
-def batched(seed: int) -> list[Run]:
-    """The 0.04 pair of ``seed`` at WIDER x the batch for 2,400 / WIDER steps."""
-    def name(r: Run) -> str:             # dense_lr0.04_s2 -> dense_lr0.04_b128_s2
-        return harness.seeded_name(r.name.removesuffix(f"_s{seed}") + f"_b{BATCH * WIDER}", seed)
+def batched(seed: int, budget: int = 2400) -> list[Run]:
+    """The 0.04 pair of ``seed`` at WIDER x the batch for ``budget`` / WIDER steps (the tokens
+    of ``budget`` steps at the study's batch)."""
+    def name(r: Run) -> str:     # dense_lr0.04_s2 -> dense_lr0.04_b128_s2 (_b128_long_s2)
+        return harness.seeded_name(
+            r.name.removesuffix(f"_s{seed}") + f"_b{BATCH * WIDER}{BUDGETS[budget]}", seed)
 
     pair = rated(0.04, seed)
+    every = None if budget == 2400 else LONG_EVERY // WIDER
     return [Run(name(r), r.model,
                 r.flags + (f"--config.per_device_batch_size={BATCH * WIDER}",
                            f"--config.warmup_steps={250 // WIDER}"),
-                seed=seed, steps=2400 // WIDER, baseline=name(pair[0]))
+                seed=seed, steps=budget // WIDER, eval_every=every, baseline=name(pair[0]))
             for r in pair]
 
 
-BATCH_SEEDS = (0, 1, 2)
-BATCHED = [r for seed in BATCH_SEEDS for r in batched(seed)]
-ALL = RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE + GATE  # the study's runs, in order
+BATCH_SEEDS = {2400: (0, 1, 2), 12000: (0, 1)}
+BATCHED = [r for seed in BATCH_SEEDS[2400] for r in batched(seed)]
+BATCHED_LONG = [r for seed in BATCH_SEEDS[12000] for r in batched(seed, 12000)]
+# the study's runs, in order
+ALL = RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE + GATE + BATCHED_LONG
 
 
 def at_rate(stem: str, rate: float) -> str:

@@ -189,6 +189,46 @@ def test_the_4x_batch_pair_is_refused_outside_the_2400_step_study(tmp_path, caps
     assert not (tmp_path / "o" / "dense_lr0.04_b128").exists()
 
 
+def test_the_long_pair_at_four_times_the_batch_is_read_beside_batch_32_at_the_same_tokens(
+        tmp_path):
+    dense, switch = span_claims.batched(1, 12000)
+    assert (dense.name, switch.name) == ("dense_lr0.04_b128_long_s1",
+                                         "switch_8_nojitter_lr0.04_b128_long_s1")
+    assert (switch.steps, switch.eval_every, switch.baseline) == (3000, 250, dense.name)
+    assert [r.seed for r in span_claims.BATCHED_LONG] == [0, 0, 1, 1]
+    # the run evaluates (and checkpoints) every 250 of its steps: 1,000 of the study's, in tokens
+    study = harness.Study("s", "configs/c4_cpu.py", span_claims.ALL, steps=12000, eval_every=1000)
+    cmd = harness.command(study, switch, tmp_path, None)
+    assert "--config.eval_every_steps=250" in cmd and "--config.checkpoint_every_steps=250" in cmd
+    assert any(c.endswith("steps=3000") for c in cmd) and "--config.seed=1" in cmd
+    assert "--config.eval_every_steps=1000" in harness.command(
+        study, span_claims.rated(0.04, 1)[0], tmp_path, None)
+    runs = {"dense_lr0.04_s1": summary([4000, 8000, 12000], [3.1, 2.8, 2.69], seed=1),
+            "switch_8_nojitter_lr0.04_s1": summary([4000, 8000, 12000], [3.12, 2.9, 2.82], seed=1),
+            dense.name: summary([1000, 2000, 3000], [3.2, 2.9, 2.80], seed=1),
+            switch.name: summary([1000, 2000, 3000], [3.1, 2.85, 2.78], seed=1)}
+    assert span_claims.batch_effects({"runs": runs}) == {}         # the 2,400-step pair: none
+    out = span_claims.batch_effects({"runs": runs}, 12000)
+    assert (out["batch"], out["steps"], out["seeds"]) == (128, 3000, [1])
+    assert out["switch_minus_dense"] == {1: pytest.approx(-0.02)}
+    assert out["switch_minus_dense_at_batch_32"] == {1: pytest.approx(0.13)}
+    tokens = out["by_tokens"][1]
+    assert tokens["steps_at_batch_32"] == [4000, 8000, 12000]
+    assert tokens["switch_minus_dense"] == pytest.approx([-0.1, -0.05, -0.02])
+    assert tokens["switch_minus_dense_at_batch_32"] == pytest.approx([0.02, 0.1, 0.13])
+    assert out["switch_better"]["runs"] == [switch.name, dense.name]
+
+
+def test_the_long_4x_batch_pair_is_refused_outside_the_long_study(tmp_path, capsys):
+    (tmp_path / "train.txt").write_text("text\n")
+    for flags in (["--steps", "2400"], ["--steps", "12000", "--eval-every", "200"]):
+        assert span_claims.main(["--out", str(tmp_path / "o"), "--corpus", str(tmp_path),
+                                 *flags, "--runs", "dense_lr0.04_b128_long_s1"]) == 2
+        err = capsys.readouterr().err
+        assert "the 12,000-step study's" in err and "--eval-every 1000" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_each_model_at_its_best_rate_is_judged_over_the_seeds_both_rates_ran():
     """dense at 0.04 has two bad seeds of four; at 0.02 it ran seeds 0 and 1. Over all their
     seeds 0.02's mean (3.38) is lower than 0.04's (3.40), but on the seeds both ran 0.04 is the
