@@ -99,11 +99,9 @@ def plot(result: dict, path: pathlib.Path) -> None:
     if rates:
         panels["by learning rate: dense and no-jitter Switch-8"] = [
             "dense", "switch_8_nojitter", *rates]
-    for label, variants in ((f"0.04 at {WIDER}x the batch, a quarter of the steps", BATCHED),
-                            (f"the long pair at {WIDER}x the batch, 3,000 steps", BATCHED_LONG)):
-        names = [r.name for r in variants if r.name in result["runs"]]
-        if names:
-            panels[label] = names
+    batched = [r.name for r in BATCHED if r.name in result["runs"]]
+    if batched:
+        panels[f"0.04 at {WIDER}x the batch, a quarter of the steps"] = batched
     for label, variants in (
             ("one Switch layer: in the decoder alone or the encoder alone, 0.04", ONE_STACK),
             ("dense with Switch-8's parameters (dense_wide), 0.04", WIDE),
@@ -111,6 +109,9 @@ def plot(result: dict, path: pathlib.Path) -> None:
         names = beside_the_pair(result, variants)
         if names:
             panels[label] = names
+    batched = [r.name for r in BATCHED_LONG if r.name in result["runs"]]
+    if batched:                              # last: its steps are of 128 examples
+        panels[f"the long pair at {WIDER}x the batch, 3,000 steps"] = batched
     harness.plot_curves(result, path, panels)
     pairs = {n: c for n, c in result.get("train_and_held_out", {}).items()
              if n.startswith("switch_8_nojitter")}      # the one-stack runs: in the JSON only
