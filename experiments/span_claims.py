@@ -233,7 +233,8 @@ def batch_effects(result: dict, budget: int = 2400) -> dict:
         wide = gaps(batched(s, budget), WIDER)
         pair = rated(0.04, s)
         at_32 = gaps(pair) if all(r.name in runs for r in pair) else {}
-        by_tokens[s] = {"steps_at_batch_32": list(wide), "switch_minus_dense": list(wide.values()),
+        by_tokens[s] = {f"steps_at_batch_{BATCH}": list(wide),
+                        "switch_minus_dense": list(wide.values()),
                         f"switch_minus_dense_at_batch_{BATCH}": [at_32.get(k) for k in wide]}
     out["by_tokens"] = by_tokens
     return out

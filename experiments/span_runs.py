@@ -90,11 +90,11 @@ BATCH, INPUTS, TARGETS = 32, 128, 29
 # schedule in tokens (warm-up 250 / 4), each expert ~4x the tokens a step; seeds 0, 1 and 2
 # (dense_lr0.04_b128, _s1, _s2); trained only when named
 WIDER = 4
-# At the long pair's budget (12,000 steps of 32) the same question where the deficit lives: Switch-8
-# leads dense until ~4,000 steps, then falls behind in its training loss as much as held out. Is
-# that the experts' few tokens a step (or the steps themselves), or the tokens seen? The long 0.04
-# pair at 4x the batch for 3,000 steps, evaluated every 250 (the batch-32 runs' every 1,000, in
-# tokens); seeds 0 and 1 (dense_lr0.04_b128_long, _s1); trained only when named
+# At the long pair's budget (12,000 steps of 32), where Switch-8 trails dense by a steady margin
+# in its training loss as much as held out: is that the experts' few tokens a step (or the steps
+# themselves), or the tokens seen? The long 0.04 pair at 4x the batch for 3,000 steps, evaluated
+# every 250 (the batch-32 runs' every 1,000, in tokens); seeds 0 and 1 (dense_lr0.04_b128_long,
+# _s1); trained only when named
 BUDGETS = {2400: "", 12000: "_long"}         # the batch-32 study's steps -> the runs' name tag
 LONG_EVERY = 1000                            # the long study's evaluation interval (batch 32)
 
