@@ -60,8 +60,8 @@ import lm_claims  # noqa: E402
 import plots  # noqa: E402
 import verdicts  # noqa: E402
 from span_runs import (  # noqa: E402
-    ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, GATE, INPUTS, LONG_EVERY, ONE_STACK,
-    RATE_GRID, RATES, ROUTER, RUNS, STACKS, TARGETS, WIDE, WIDER, at_rate, batched, rated)
+    ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BUDGETS, GATE, INPUTS, ONE_STACK, RATE_GRID,
+    RATES, ROUTER, RUNS, STACKS, TARGETS, WIDE, WIDER, at_rate, batch_study, batched, rated)
 from switchzoo import noise  # noqa: E402
 
 
@@ -203,40 +203,33 @@ def batch_effects(result: dict, budget: int = 2400) -> dict:
     the verdict at the wider batch under the study's rule (paired by seed; with one seed, its
     reference spread)."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
-    done = [seed for seed in BATCH_SEEDS[budget]
-            if all(r.name in runs for r in batched(seed, budget))]
-    if not done:
-        return {}
-    dense, switch = batched(done[0], budget)
-    finished = {**result, "runs": runs}
 
-    def gap(pair):
-        return round(runs[pair[1].name]["final_eval_loss"]
-                     - runs[pair[0].name]["final_eval_loss"], 4)
-
-    def gaps(pair, scale=1):              # {study-batch step: Switch minus dense}
+    def gaps(pair, scale=1):    # {study-batch step: Switch minus dense}; {} unless both finished
+        if not all(r.name in runs for r in pair):
+            return {}
         at = [dict(zip(runs[r.name]["steps"], runs[r.name]["eval_loss"])) for r in pair]
         return {s * scale: round(at[1][s] - at[0][s], 4) for s in sorted(set(at[0]) & set(at[1]))}
 
+    wide = {s: gaps(batched(s, budget), WIDER) for s in BATCH_SEEDS[budget]}
+    done = [s for s in BATCH_SEEDS[budget] if wide[s]]
+    if not done:
+        return {}
+    narrow = {s: gaps(rated(0.04, s)) for s in done}
+    dense, switch = batched(done[0], budget)
     out = {"batch": BATCH * WIDER, "steps": runs[dense.name]["train_steps"], "seeds": done,
            "dense": {s: runs[batched(s, budget)[0].name]["final_eval_loss"] for s in done},
            "switch_8_nojitter": {s: runs[batched(s, budget)[1].name]["final_eval_loss"]
                                  for s in done},
-           "switch_minus_dense": {s: gap(batched(s, budget)) for s in done},
-           "switch_better": verdicts.compare(finished, switch.name, dense.name)}
-    narrow = {s: gap(rated(0.04, s)) for s in done
-              if all(r.name in runs for r in rated(0.04, s))}
-    if narrow:
-        out[f"switch_minus_dense_at_batch_{BATCH}"] = narrow
-    by_tokens = {}
-    for s in done:
-        wide = gaps(batched(s, budget), WIDER)
-        pair = rated(0.04, s)
-        at_32 = gaps(pair) if all(r.name in runs for r in pair) else {}
-        by_tokens[s] = {f"steps_at_batch_{BATCH}": list(wide),
-                        "switch_minus_dense": list(wide.values()),
-                        f"switch_minus_dense_at_batch_{BATCH}": [at_32.get(k) for k in wide]}
-    out["by_tokens"] = by_tokens
+           "switch_minus_dense": {s: list(wide[s].values())[-1] for s in done},
+           "switch_better": verdicts.compare({**result, "runs": runs}, switch.name, dense.name)}
+    if any(narrow.values()):
+        out[f"switch_minus_dense_at_batch_{BATCH}"] = {s: list(narrow[s].values())[-1]
+                                                       for s in done if narrow[s]}
+    out["by_tokens"] = {s: {f"steps_at_batch_{BATCH}": list(wide[s]),
+                            "switch_minus_dense": list(wide[s].values()),
+                            f"switch_minus_dense_at_batch_{BATCH}": [narrow[s].get(k)
+                                                                     for k in wide[s]]}
+                        for s in done}
     return out
 
 
@@ -342,17 +335,15 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     s = study(args)
-    for variants, study_of in ((BATCHED, (2400, 250, None)),
-                               (BATCHED_LONG, (12000, 250, LONG_EVERY))):
-        named = sorted(set(args.runs) & {r.name for r in variants})
-        steps, warmup, every = study_of
-        if named and not args.report and (
-                (args.steps, args.warmup) != (steps, warmup)
-                or every not in (None, args.eval_every)):
-            flags = f"--steps {steps} --warmup {warmup}" + (
-                f" --eval-every {every}" if every else "")
+    for budget in BUDGETS:
+        named = sorted(set(args.runs) & {r.name for seed in BATCH_SEEDS[budget]
+                                         for r in batched(seed, budget)})
+        steps, warmup, every = batch_study(budget)
+        if named and not args.report and ((args.steps, args.warmup) != (steps, warmup)
+                                          or every not in (None, args.eval_every)):
+            flags = f"--steps {steps} --warmup {warmup}" + (f" --eval-every {every}" * bool(every))
             print(f"error: --runs {named}: the 4x-batch pair is the {steps:,}-step study's "
-                  f"({steps // WIDER} steps, warm-up {250 // WIDER}); run it with {flags}, not "
+                  f"({steps // WIDER} steps, warm-up {warmup // WIDER}); run it with {flags}, not "
                   f"--steps {args.steps} --warmup {args.warmup} --eval-every {args.eval_every}",
                   file=sys.stderr)
             return 2

@@ -96,7 +96,14 @@ WIDER = 4
 # every 250 (the batch-32 runs' every 1,000, in tokens); seeds 0 and 1 (dense_lr0.04_b128_long,
 # _s1); trained only when named
 BUDGETS = {2400: "", 12000: "_long"}         # the batch-32 study's steps -> the runs' name tag
-LONG_EVERY = 1000                            # the long study's evaluation interval (batch 32)
+WARMUP, LONG_EVERY = 250, 1000               # the studies' --warmup; the long one's --eval-every
+
+
+def batch_study(budget: int) -> tuple[int, int, int | None]:
+    """The study (--steps, --warmup, --eval-every; None: any) whose tokens the 4x-batch runs of
+    ``budget`` match: the 2,400-step one's evaluate at its own interval, the long one's every
+    LONG_EVERY / WIDER steps."""
+    return budget, WARMUP, None if budget == 2400 else LONG_EVERY
 
 
 def batched(seed: int, budget: int = 2400) -> list[Run]:
@@ -107,11 +114,12 @@ def batched(seed: int, budget: int = 2400) -> list[Run]:
             r.name.removesuffix(f"_s{seed}") + f"_b{BATCH * WIDER}{BUDGETS[budget]}", seed)
 
     pair = rated(0.04, seed)
-    every = None if budget == 2400 else LONG_EVERY // WIDER
+    _, warmup, every = batch_study(budget)
     return [Run(name(r), r.model,
                 r.flags + (f"--config.per_device_batch_size={BATCH * WIDER}",
-                           f"--config.warmup_steps={250 // WIDER}"),
-                seed=seed, steps=budget // WIDER, eval_every=every, baseline=name(pair[0]))
+                           f"--config.warmup_steps={warmup // WIDER}"),
+                seed=seed, steps=budget // WIDER, eval_every=every and every // WIDER,
+                baseline=name(pair[0]))
             for r in pair]
 
 
