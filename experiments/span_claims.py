@@ -60,8 +60,9 @@ import lm_claims  # noqa: E402
 import plots  # noqa: E402
 import verdicts  # noqa: E402
 from span_runs import (  # noqa: E402
-    ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BUDGETS, GATE, INPUTS, ONE_STACK, RATE_GRID,
-    RATES, ROUTER, RUNS, STACKS, TARGETS, WIDE, WIDER, at_rate, batch_study, batched, rated)
+    ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BUDGETS, EXPERT_MOMENTUM, GATE, INPUTS,
+    MOMENTUM, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS, STACKS, TARGETS, WIDE, WIDER, at_rate,
+    batch_study, batched, rated)
 from switchzoo import noise  # noqa: E402
 
 
@@ -105,7 +106,9 @@ def plot(result: dict, path: pathlib.Path) -> None:
     for label, variants in (
             ("one Switch layer: in the decoder alone or the encoder alone, 0.04", ONE_STACK),
             ("dense with Switch-8's parameters (dense_wide), 0.04", WIDE),
-            ("Switch-8 with its gate's value held at 1 (unitgate), 0.04", GATE)):
+            ("Switch-8 with its gate's value held at 1 (unitgate), 0.04", GATE),
+            (f"Switch-8 with its experts' updates averaged (decay {EXPERT_MOMENTUM:g}), 0.04",
+             MOMENTUM)):
         names = beside_the_pair(result, variants)
         if names:
             panels[label] = names
@@ -291,6 +294,14 @@ def gate_effects(result: dict) -> dict:
         "unit_gate_better_than_dense": ("switch_8_unitgate", "dense")})
 
 
+def momentum_effects(result: dict) -> dict:
+    """Switch-8 with Adafactor's first moment on its experts' updates (MOMENTUM): does
+    averaging the experts' steps beat Switch-8, and dense?"""
+    return against_the_pair(result, MOMENTUM, "switch_8_expmom", {
+        "expert_momentum_better_than_switch": ("switch_8_expmom", "switch_8_nojitter"),
+        "expert_momentum_better_than_dense": ("switch_8_expmom", "dense")})
+
+
 def router_effects(result: dict) -> dict:
     """Each finished ROUTER run against switch_8 and dense of its own seed: its final held-out
     loss, the margins, the verdict against dense under the study's noise rule (like for like
@@ -372,6 +383,7 @@ def main(argv=None) -> int:
     result["batch_effects_long"] = batch_effects(result, 12000)
     result["wide_effects"] = wide_effects(result)
     result["gate_effects"] = gate_effects(result)
+    result["momentum_effects"] = momentum_effects(result)
     # training against held-out loss at 0.04, each Switch run against dense of its seed: does
     # the model with the more parameters fit the text it has seen faster than the rest?
     result["train_and_held_out"] = verdicts.train_and_held_out_pairs(result, [

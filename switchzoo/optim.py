@@ -119,6 +119,18 @@ def scale_routers(factor: float) -> optax.GradientTransformation:
     return optax.stateless(scale)
 
 
+def momentum_of_experts(decay: float, params, dims: dict) -> optax.GradientTransformation:
+    """Adafactor's optional first moment on the experts' updates alone: each update of a
+    parameter with an 'experts' batch dim (``dims``: {path: logical dims}) replaced by the
+    moving average m = decay x m + (1 - decay) x update, not debiased (optax's and T5X's
+    Adafactor momentum). An expert sees about 1/E of the tokens a dense FFN sees, so its
+    normalised update is noisier; the average keeps the steady part. Other updates pass as
+    they are."""
+    experts = jax.tree_util.tree_map_with_path(
+        lambda p, _: "experts" in dims[path_name(p)][:batch_dims(dims[path_name(p)])], params)
+    return optax.masked(optax.ema(decay, debias=False), experts)
+
+
 def bias_update(rate: float) -> optax.GradientTransformation:
     """DeepSeek-V3's balancing-bias step: bias -= rate * sign(gradient), the gradient being
     load - 1/E (routing.choose), so each step moves a bias by exactly ``rate``."""

@@ -29,7 +29,7 @@ from switchzoo.config import ModelConfig
 # The optimizers live in switchzoo.optim; re-exported, as the set-up and its callers use them.
 from switchzoo.optim import (BATCH_DIMS, SCHEDULES, batch_dims, bias_update,  # noqa: F401
                              linear_rsqrt_schedule, make_optimizer, make_schedule, moment,
-                             per_layer, rsqrt_schedule, scale_routers)
+                             momentum_of_experts, per_layer, rsqrt_schedule, scale_routers)
 from switchzoo.paths import path_name      # also state.path_name, as its callers use it
 
 
@@ -184,12 +184,14 @@ class Setup:
 def setup(model: str | ModelConfig, layout: str | layout_lib.Layout | None = "data_parallel",
           mesh: str | jax.sharding.Mesh | None = None, *, devices=None,
           optimizer: str | optax.GradientTransformation | None = None, seed: int = 0,
-          update_axis: str | None = None, router_lr_scale: float = 1.0) -> Setup:
+          update_axis: str | None = None, router_lr_scale: float = 1.0,
+          expert_momentum: float = 0.0) -> Setup:
     """The model (a catalogue name or a ModelConfig) laid out by ``layout`` (a Layout, a preset
     name or a layout string) on ``mesh`` (a Mesh, a mesh spec, or None: the preset's mesh, else
     every device on 'data'). ``optimizer`` (a name or an optax transformation) adds its state;
     ``update_axis`` splits that state further (weight-update sharding); ``router_lr_scale``
-    multiplies the routers' updates (scale_routers). Nothing is allocated."""
+    multiplies the routers' updates (scale_routers); ``expert_momentum`` (> 0) averages the
+    experts' updates over steps with that decay (momentum_of_experts). Nothing is allocated."""
     cfg = zoo.get(model) if isinstance(model, str) else model
     if not isinstance(layout, layout_lib.Layout):
         layout = make_layout(layout, mesh, devices)
@@ -203,6 +205,8 @@ def setup(model: str | ModelConfig, layout: str | layout_lib.Layout | None = "da
         tx = per_layer(tx, params, cfg.moe.bias_rate if cfg.moe else 0.0, dims)
         if router_lr_scale != 1.0:
             tx = optax.chain(tx, scale_routers(router_lr_scale))
+        if expert_momentum:
+            tx = optax.chain(tx, momentum_of_experts(expert_momentum, params, dims))
         abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
                               jax.eval_shape(tx.init, params))
     shardings = tree_shardings(layout, abstract, dims, params, update_axis)
@@ -257,6 +261,14 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
     if cfg.moe is None and config.router_learning_rate_scale != 1.0:
         raise ValueError(f"--config.router_learning_rate_scale set for a dense model, which has "
                          "no routers; drop the flag")
+    if config.expert_momentum:
+        if cfg.moe is None:
+            raise ValueError("--config.expert_momentum set for a dense model, which has no "
+                             "experts; drop the flag")
+        if config.optimizer != "adafactor":
+            raise ValueError(f"--config.expert_momentum is Adafactor's first moment; "
+                             f"{config.optimizer} keeps its own (b1 0.9): drop the flag or "
+                             "use --config.optimizer=adafactor")
     if overrides:
         if cfg.moe is None:
             what = f"model '{config.model}'" if model is None else "checkpoint's model"
@@ -308,7 +320,8 @@ def setup_run(config, layout: layout_lib.Layout, cfg: ModelConfig,
     return setup(cfg, layout, optimizer=run_optimizer(config) if train else None,
                  seed=config.seed,
                  update_axis="data" if train and config.shard_optimizer_over_data else None,
-                 router_lr_scale=config.router_learning_rate_scale)
+                 router_lr_scale=config.router_learning_rate_scale,
+                 expert_momentum=config.expert_momentum)
 
 
 def global_batch_size(config) -> int:

@@ -224,6 +224,8 @@ def continued_state(origin: weights.Origin, setup: state_lib.Setup, state):
         if not moments or name is None or "/router/" in f"/{name}":
             return leaf                          # fresh: no moments asked for, or a router's
         x = moments.get(f"{keys[i]}:{name}")
+        if x is None and keys[i] == "ema":       # expert_momentum's average: the dense run
+            return leaf                          # had none, it starts from zero
         if x is None or x.shape != leaf.shape:
             stats = sorted({k.split(":")[0] for k in moments})
             raise ValueError(f"{origin.path} holds the dense run's {'/'.join(stats)} optimizer "

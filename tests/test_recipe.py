@@ -276,3 +276,51 @@ def test_routing_losses_sum_or_average_over_switch_layers(reduction):
     np.testing.assert_allclose(float(stats["aux_loss"]), combine(aux), rtol=1e-6)
     np.testing.assert_allclose(float(stats["z_loss"]), combine(z), rtol=1e-6)
     assert len(aux) == 3 and aux.min() > 0
+
+
+def test_expert_momentum_averages_the_experts_updates_alone():
+    """expert_momentum=b: each expert's update is the running average b x m + (1 - b) x the
+    Adafactor update it would have had (not debiased, as Adafactor's first moment), every other
+    parameter's update untouched; the average is sharded like its expert. The same parameters
+    each step, so both optimizers see the same Adafactor updates."""
+    cfg = ModelConfig(vocab_size=128, d_model=128, num_heads=2, d_kv=16, d_ff=256,
+                      num_layers=2, moe=MoeConfig(num_experts=8, sparse_every=2))
+    plain, averaged = (state_lib.setup(cfg, "expert_parallel", "expert:8",
+                                       optimizer=state_lib.make_optimizer("adafactor", 0.01, 2),
+                                       expert_momentum=b) for b in (0.0, 0.75))
+    rng = np.random.default_rng(0)
+
+    def tree(scale):
+        return jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape).astype(np.float32)
+                                                  * scale), plain.abstract.params)
+    params = tree(0.03)
+    states = [s.tx.init(params) for s in (plain, averaged)]
+    m, experts = None, set()
+    for _ in range(3):
+        grads = tree(1.0)
+        (u, states[0]), (v, states[1]) = (jax.jit(s.tx.update)(grads, st, params)
+                                          for s, st in zip((plain, averaged), states))
+        m = jax.tree.map(lambda u: 0.25 * u, u) if m is None else jax.tree.map(
+            lambda m, u: 0.75 * m + 0.25 * u, m, u)
+        for (p, want_avg), plain_u, got in zip(jax.tree_util.tree_leaves_with_path(m),
+                                               jax.tree.leaves(u), jax.tree.leaves(v)):
+            name = state_lib.path_name(p)
+            expert = name.endswith(("ffn/wi", "ffn/wo")) and got.ndim == 3
+            experts |= {name} if expert else set()
+            np.testing.assert_allclose(got, want_avg if expert else plain_u, rtol=1e-5,
+                                       atol=1e-8, err_msg=name)
+    assert experts == {"decoder/layers/1/ffn/wi", "decoder/layers/1/ffn/wo"}
+    specs = {state_lib.path_name(p): sh.spec for (p, _), sh in zip(
+        jax.tree_util.tree_leaves_with_path(averaged.abstract.opt_state),
+        jax.tree.leaves(averaged.shardings.opt_state))}
+    averages = {k: v for k, v in specs.items() if "ema" in k and k.endswith("layers/1/ffn/wi")}
+    assert averages and all(v[0] == "expert" for v in averages.values()), specs
+
+
+@pytest.mark.parametrize("model, optimizer, problem", [
+    ("dense_sc_cpu", "adafactor", "dense model"), ("switch_sc_cpu_8", "adamw", "b1 0.9")])
+def test_expert_momentum_is_refused_where_it_means_nothing(model, optimizer, problem):
+    config = c4.get_config()
+    config.model, config.optimizer, config.expert_momentum = model, optimizer, 0.9
+    with pytest.raises(ValueError, match=problem):
+        state_lib.run_model_config(config, 1000)

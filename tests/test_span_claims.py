@@ -323,6 +323,28 @@ def test_the_unit_gate_runs_hold_the_gate_at_one_and_are_judged_against_switch_a
     assert out["unit_gate_better_than_dense"]["verdict"] == "worse, beyond noise"
 
 
+def test_the_expert_momentum_runs_change_only_the_experts_optimizer_and_are_judged():
+    """MOMENTUM is no-jitter Switch-8 at 0.04 with --config.expert_momentum, the long pair's
+    steps; momentum_effects pairs it by seed with that Switch-8 and with dense."""
+    for run in span_claims.MOMENTUM:
+        switch = span_claims.rated(0.04, run.seed)[1]
+        assert run.flags == switch.flags + (
+            f"--config.expert_momentum={span_claims.EXPERT_MOMENTUM:g}",)
+        assert run.steps == 12000 and run.baseline == span_claims.rated(0.04, run.seed)[0].name
+    long, runs = [2000, 12000], {}
+    for seed, d, s, m in ((0, [3.3, 2.72], [3.37, 2.84], [3.31, 2.70]),
+                          (1, [3.46, 2.69], [3.42, 2.82], [3.40, 2.67])):
+        dense, switch = span_claims.rated(0.04, seed)
+        for run, losses in ((dense, d), (switch, s), (span_claims.MOMENTUM[seed], m)):
+            runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
+    out = span_claims.momentum_effects({"runs": runs})
+    c = out["expert_momentum_better_than_dense"]
+    assert c["runs"] == ["switch_8_expmom_lr0.04", "dense_lr0.04"]
+    assert c["gaps"] == [pytest.approx(0.02), pytest.approx(0.02)]
+    assert c["verdict"] == "better, beyond noise"
+    assert out["expert_momentum_better_than_switch"]["verdict"] == "better, beyond noise"
+
+
 def test_a_variants_plot_panel_shows_it_beside_the_pair_of_its_own_seed_once():
     ran = ["dense_lr0.04", "switch_8_nojitter_lr0.04", "dense_lr0.04_s1",
            "switch_8_nojitter_lr0.04_s1", "switch_8_dec_nojitter_lr0.04_s1",

@@ -449,6 +449,15 @@ def test_continue_optimizer_copies_the_dense_moments_into_every_expert(tmp_path)
             else:
                 np.testing.assert_array_equal(x, want[stat][name], err_msg=name)
     assert experts == 3 * 2 * 2          # 3 statistics x (wi, wo) x 2 Switch layers
+    # with expert_momentum the experts' average starts at zero, the rest continues as above
+    sm = state_lib.setup(origin.cfg, optimizer=tx, expert_momentum=0.9, **ONE_DEVICE)
+    averaged, _ = upcycle.continued_state(origin, sm, sm.state_from(origin.load(sm)))
+    got_m = upcycle._by_statistic(jax.device_get(averaged.opt_state), names)
+    assert set(got_m) == {"v_row", "v_col", "v", "ema"} and len(got_m["ema"]) == 2 * 2
+    assert not any(np.any(x) for x in got_m["ema"].values())
+    for stat in ("v_row", "v_col", "v"):
+        for name, x in got[stat].items():
+            np.testing.assert_array_equal(got_m[stat][name], x, err_msg=name)
     grads = random_grads(state.params)
     updates = jax.device_get(jax.jit(s.tx.update)(grads, state.opt_state, state.params)[0])
     flat_g, flat_u = upcycle._flat(grads), upcycle._flat(updates)
