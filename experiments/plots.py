@@ -119,3 +119,25 @@ def plot_train_and_held_out(series: dict[str, dict], path: pathlib.Path, title: 
     _label(axes[1], "training step", "held-out minus training loss (nats)",
            "generalisation gap")
     _save(plt, fig, path)
+
+
+def plot_bars(values: dict[str, dict[str, float]], path: pathlib.Path, ylabel: str,
+              title: str = "", log: bool = False) -> None:
+    """Grouped bars: one group per key of the inner dicts (in first-seen order), one bar per
+    series (the outer keys) in each."""
+    plt = _pyplot()
+    groups = list(dict.fromkeys(g for series in values.values() for g in series))
+    width = 0.8 / max(len(values), 1)
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.9 * len(groups) * max(len(values), 1) / 2), 4.5))
+    for i, (name, series) in enumerate(values.items()):
+        xs = [j + (i - (len(values) - 1) / 2) * width for j, g in enumerate(groups) if g in series]
+        ax.bar(xs, [series[g] for g in groups if g in series], width, label=name,
+               color=f"C{i % 10}", hatch="//" if name.startswith("dense") else None)
+    ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right", fontsize=8)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    _save(plt, fig, path)
