@@ -60,8 +60,8 @@ import lm_claims  # noqa: E402
 import plots  # noqa: E402
 import verdicts  # noqa: E402
 from span_runs import (  # noqa: E402
-    ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BUDGETS, EXPERT_MOMENTUM, GATE, INPUTS,
-    MOMENTUM, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS, STACKS, TARGETS, WIDE, WIDER, at_rate,
+    ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BUDGETS, DENSE_MOMENTUM, EXPERT_MOMENTUM,
+    GATE, INPUTS, MOMENTUM, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS, STACKS, TARGETS, WIDE, WIDER, at_rate,
     batch_study, batched, rated)
 from switchzoo import noise  # noqa: E402
 
@@ -107,8 +107,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
             ("one Switch layer: in the decoder alone or the encoder alone, 0.04", ONE_STACK),
             ("dense with Switch-8's parameters (dense_wide), 0.04", WIDE),
             ("Switch-8 with its gate's value held at 1 (unitgate), 0.04", GATE),
-            (f"Switch-8 with its experts' updates averaged (decay {EXPERT_MOMENTUM:g}), 0.04",
-             MOMENTUM)):
+            (f"updates averaged (decay {EXPERT_MOMENTUM:g}): Switch-8's experts', dense's all",
+             MOMENTUM + DENSE_MOMENTUM)):
         names = beside_the_pair(result, variants)
         if names:
             panels[label] = names
@@ -296,10 +296,14 @@ def gate_effects(result: dict) -> dict:
 
 def momentum_effects(result: dict) -> dict:
     """Switch-8 with Adafactor's first moment on its experts' updates (MOMENTUM): does
-    averaging the experts' steps beat Switch-8, and dense?"""
-    return against_the_pair(result, MOMENTUM, "switch_8_expmom", {
+    averaging the experts' steps beat Switch-8, and dense? And under "dense_momentum", dense
+    with every update so averaged (DENSE_MOMENTUM): does dense gain as much?"""
+    out = against_the_pair(result, MOMENTUM, "switch_8_expmom", {
         "expert_momentum_better_than_switch": ("switch_8_expmom", "switch_8_nojitter"),
         "expert_momentum_better_than_dense": ("switch_8_expmom", "dense")})
+    dense = against_the_pair(result, DENSE_MOMENTUM, "dense_mom", {
+        "dense_momentum_better_than_dense": ("dense_mom", "dense")})
+    return {**out, "dense_momentum": dense} if dense else out
 
 
 def router_effects(result: dict) -> dict:

@@ -130,7 +130,8 @@ BATCHED_LONG = [r for seed in BATCH_SEEDS[12000] for r in batched(seed, 12000)]
 # shrank the long pair's gap; Adafactor's first moment on the experts' updates alone (decay
 # 0.9: an average over ~10 steps) cuts the noise of their steps at batch 32, nothing else
 # changed: no-jitter Switch-8 at 0.04 for the long pair's steps, each against dense at 0.04 of
-# its seed (whose run does not change); trained only when named
+# its seed (whose run does not change); and, as the control, dense with the same average on
+# every update (--config.momentum): does dense gain as much? Trained only when named
 EXPERT_MOMENTUM = 0.9
 
 
@@ -142,9 +143,19 @@ def averaged(seed: int) -> Run:
                seed=seed, steps=12000, baseline=dense.name)
 
 
+def dense_averaged(seed: int) -> Run:
+    """rated(0.04, seed)'s dense with every update averaged over steps (the same decay)."""
+    dense = rated(0.04, seed)[0]
+    return Run(harness.seeded_name("dense_mom_lr0.04", seed), dense.model,
+               dense.flags + (f"--config.momentum={EXPERT_MOMENTUM:g}",),
+               seed=seed, steps=12000, baseline=dense.name)
+
+
 MOMENTUM = [averaged(seed) for seed in (0, 1)]
+DENSE_MOMENTUM = [dense_averaged(seed) for seed in (0, 1)]
 # the study's runs, in order
-ALL = RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE + GATE + BATCHED_LONG + MOMENTUM
+ALL = (RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE + GATE + BATCHED_LONG + MOMENTUM
+       + DENSE_MOMENTUM)
 
 
 def at_rate(stem: str, rate: float) -> str:

@@ -45,15 +45,18 @@ def make_schedule(name: str, learning_rate: float, warmup_steps: int):
 
 
 def make_optimizer(name: str = "adamw", learning_rate: float = 1e-3, warmup_steps: int = 100,
-                   weight_decay: float = 0.0,
-                   schedule: str = "rsqrt") -> optax.GradientTransformation:
-    """AdamW or Adafactor (optax's defaults: factored, parameter-scaled, update clipping at 1)
-    under ``schedule`` (SCHEDULES)."""
+                   weight_decay: float = 0.0, schedule: str = "rsqrt",
+                   momentum: float = 0.0) -> optax.GradientTransformation:
+    """AdamW or Adafactor (optax's defaults: factored, parameter-scaled, update clipping at 1;
+    ``momentum`` > 0: its optional first moment of that decay, not debiased) under
+    ``schedule`` (SCHEDULES)."""
     lr = make_schedule(schedule, learning_rate, warmup_steps)
     if name == "adamw":
+        if momentum:
+            raise ValueError("momentum is Adafactor's first moment; adamw keeps its own (b1 0.9)")
         return optax.adamw(lr, b1=0.9, b2=0.98, weight_decay=weight_decay)
     if name == "adafactor":
-        return optax.adafactor(lr)
+        return optax.adafactor(lr, momentum=momentum or None)
     raise ValueError(f"unknown optimizer '{name}'; use 'adamw' or 'adafactor'")
 
 

@@ -261,7 +261,14 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
     if cfg.moe is None and config.router_learning_rate_scale != 1.0:
         raise ValueError(f"--config.router_learning_rate_scale set for a dense model, which has "
                          "no routers; drop the flag")
+    if config.momentum and config.optimizer != "adafactor":
+        raise ValueError(f"--config.momentum is Adafactor's first moment; {config.optimizer} "
+                         "keeps its own (b1 0.9): drop the flag or use "
+                         "--config.optimizer=adafactor")
     if config.expert_momentum:
+        if config.momentum:
+            raise ValueError("--config.momentum already averages every update, the experts' "
+                             "too; set it or --config.expert_momentum, not both")
         if cfg.moe is None:
             raise ValueError("--config.expert_momentum set for a dense model, which has no "
                              "experts; drop the flag")
@@ -307,7 +314,7 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
 
 def run_optimizer(config) -> optax.GradientTransformation:
     return make_optimizer(config.optimizer, config.learning_rate, config.warmup_steps,
-                          config.weight_decay, config.schedule)
+                          config.weight_decay, config.schedule, config.momentum)
 
 
 def setup_run(config, layout: layout_lib.Layout, cfg: ModelConfig,

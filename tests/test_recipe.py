@@ -278,16 +278,19 @@ def test_routing_losses_sum_or_average_over_switch_layers(reduction):
     assert len(aux) == 3 and aux.min() > 0
 
 
-def test_expert_momentum_averages_the_experts_updates_alone():
+@pytest.mark.parametrize("scope", ["experts", "all"])
+def test_momentum_averages_the_experts_or_every_update(scope):
     """expert_momentum=b: each expert's update is the running average b x m + (1 - b) x the
     Adafactor update it would have had (not debiased, as Adafactor's first moment), every other
-    parameter's update untouched; the average is sharded like its expert. The same parameters
-    each step, so both optimizers see the same Adafactor updates."""
+    parameter's update untouched; momentum=b: every update so; the average is sharded like its
+    expert. The same parameters each step, so both optimizers see the same Adafactor updates."""
     cfg = ModelConfig(vocab_size=128, d_model=128, num_heads=2, d_kv=16, d_ff=256,
                       num_layers=2, moe=MoeConfig(num_experts=8, sparse_every=2))
-    plain, averaged = (state_lib.setup(cfg, "expert_parallel", "expert:8",
-                                       optimizer=state_lib.make_optimizer("adafactor", 0.01, 2),
-                                       expert_momentum=b) for b in (0.0, 0.75))
+    plain, averaged = (state_lib.setup(
+        cfg, "expert_parallel", "expert:8",
+        optimizer=state_lib.make_optimizer("adafactor", 0.01, 2,
+                                           momentum=b if scope == "all" else 0.0),
+        expert_momentum=b if scope == "experts" else 0.0) for b in (0.0, 0.75))
     rng = np.random.default_rng(0)
 
     def tree(scale):
@@ -307,8 +310,8 @@ def test_expert_momentum_averages_the_experts_updates_alone():
             name = state_lib.path_name(p)
             expert = name.endswith(("ffn/wi", "ffn/wo")) and got.ndim == 3
             experts |= {name} if expert else set()
-            np.testing.assert_allclose(got, want_avg if expert else plain_u, rtol=1e-5,
-                                       atol=1e-8, err_msg=name)
+            np.testing.assert_allclose(got, want_avg if expert or scope == "all" else plain_u,
+                                       rtol=1e-5, atol=1e-8, err_msg=name)
     assert experts == {"decoder/layers/1/ffn/wi", "decoder/layers/1/ffn/wo"}
     specs = {state_lib.path_name(p): sh.spec for (p, _), sh in zip(
         jax.tree_util.tree_leaves_with_path(averaged.abstract.opt_state),
@@ -317,10 +320,20 @@ def test_expert_momentum_averages_the_experts_updates_alone():
     assert averages and all(v[0] == "expert" for v in averages.values()), specs
 
 
-@pytest.mark.parametrize("model, optimizer, problem", [
-    ("dense_sc_cpu", "adafactor", "dense model"), ("switch_sc_cpu_8", "adamw", "b1 0.9")])
-def test_expert_momentum_is_refused_where_it_means_nothing(model, optimizer, problem):
+@pytest.mark.parametrize("model, optimizer, momentum, problem", [
+    ("dense_sc_cpu", "adafactor", 0.0, "dense model"),
+    ("switch_sc_cpu_8", "adamw", 0.0, "b1 0.9"),
+    ("switch_sc_cpu_8", "adafactor", 0.9, "not both")])
+def test_expert_momentum_is_refused_where_it_means_nothing(model, optimizer, momentum, problem):
     config = c4.get_config()
     config.model, config.optimizer, config.expert_momentum = model, optimizer, 0.9
+    config.momentum = momentum
     with pytest.raises(ValueError, match=problem):
+        state_lib.run_model_config(config, 1000)
+
+
+def test_momentum_with_adamw_is_refused():
+    config = c4.get_config()
+    config.model, config.optimizer, config.momentum = "dense_sc_cpu", "adamw", 0.9
+    with pytest.raises(ValueError, match="adamw keeps its own"):
         state_lib.run_model_config(config, 1000)

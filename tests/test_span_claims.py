@@ -343,6 +343,18 @@ def test_the_expert_momentum_runs_change_only_the_experts_optimizer_and_are_judg
     assert c["gaps"] == [pytest.approx(0.02), pytest.approx(0.02)]
     assert c["verdict"] == "better, beyond noise"
     assert out["expert_momentum_better_than_switch"]["verdict"] == "better, beyond noise"
+    assert "dense_momentum" not in out                  # its dense control did not run
+    for run in span_claims.DENSE_MOMENTUM:              # the control: dense, every update
+        dense = span_claims.rated(0.04, run.seed)[0]
+        assert run.flags == dense.flags + (
+            f"--config.momentum={span_claims.EXPERT_MOMENTUM:g}",) and run.baseline == dense.name
+    control = span_claims.DENSE_MOMENTUM[0]
+    runs[control.name] = summary(long, [3.28, 2.73], seed=0, model=control.model,
+                                 flags=control.flags)
+    c = span_claims.momentum_effects({"runs": runs})["dense_momentum"]
+    assert c["by_seed"][0]["dense_mom_minus_dense"] == [pytest.approx(-0.02), pytest.approx(0.01)]
+    assert c["dense_momentum_better_than_dense"]["runs"] == ["dense_mom_lr0.04", "dense_lr0.04"]
+    assert c["dense_momentum_better_than_dense"]["seeds"] == [0]
 
 
 def test_a_variants_plot_panel_shows_it_beside_the_pair_of_its_own_seed_once():
