@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 import harness  # noqa: E402
 import plots  # noqa: E402
-from switchzoo import data, errors, evaluate, steps  # noqa: E402
+from switchzoo import data, errors, evaluate, steps, transformer  # noqa: E402
 from switchzoo import state as state_lib  # noqa: E402
 
 FFN = ("wi", "wo", "wi_0", "wi_1")
@@ -80,6 +80,10 @@ def measure(workdir: pathlib.Path, corpus: pathlib.Path, batches: int) -> dict:
                     max_length=config.max_length, seed=config.seed, evaluating=True)
     setup, params, step = evaluate.restore_params(config, workdir, layout,
                                                   ds.tokenizer.vocab_size, ds.tokenizer.num_pieces)
+    unrolled = setup.cfg.replace(scan_layers=False)     # a scanned run: layer by layer
+    if unrolled != setup.cfg:
+        params = transformer.layers_as(params, unrolled)
+        setup = state_lib.setup(unrolled, setup.layout)
     loss_fn = steps.make_loss_fn(setup, config.label_smoothing)
     matrices = ffn_matrices(setup.dims)
 
@@ -106,7 +110,7 @@ def measure(workdir: pathlib.Path, corpus: pathlib.Path, batches: int) -> dict:
     out = {}
     for n, is_expert in matrices.items():
         g = np.stack(taken[n])                  # [K, ...]
-        if is_expert:                           # [K, (layers,) experts, ...]: each expert alone
+        if is_expert:                           # [K, experts, ...]: each expert alone
             axis = setup.dims[n].index("experts")
             per = [noise_of(np.take(g, e, axis=axis + 1).reshape(len(g), -1))
                    for e in range(g.shape[axis + 1])]

@@ -48,6 +48,8 @@ def trained(tmp_path_factory):
     config.per_device_batch_size, config.max_length, config.data.vocab_size = 1, 32, 64
     config.layout, config.mesh, config.eval_every_steps = "data_parallel", "data:-1", 0
     loop.train(config, root / "switch", print_fn=lambda *_: None)
+    config.scan_layers = True               # the same run with each stack scanned
+    loop.train(config, root / "scanned", print_fn=lambda *_: None)
     return root
 
 
@@ -68,6 +70,11 @@ def test_measures_each_expert_and_each_dense_ffn_of_a_trained_run(trained, tmp_p
                 np.median([e["nsr"] for e in stats["experts"]]))
         else:
             assert stats["noise"] > 0 and stats["nsr"] != 0
+    # a scanned run is measured layer by layer: the same matrices and values as unrolled
+    assert grad_noise.main(["--workdir", str(trained / "scanned"), "--corpus",
+                            str(trained / "corpus"), "--batches", "3", "--json", str(out)]) == 0
+    scanned = json.loads(out.read_text())["runs"][0]
+    assert grad_noise.summary(scanned) == pytest.approx(grad_noise.summary(run), rel=1e-3)
 
 
 def test_errors_are_one_line(trained, tmp_path, capsys):
