@@ -61,8 +61,8 @@ import plots  # noqa: E402
 import verdicts  # noqa: E402
 from span_runs import (  # noqa: E402
     ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BUDGETS, DENSE_MOMENTUM, EXPERT_MOMENTUM,
-    GATE, INPUTS, MOMENTUM, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS, STACKS, TARGETS, WIDE, WIDER, at_rate,
-    batch_study, batched, rated)
+    GATE, INPUTS, MOMENTUM, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS, STACKS, TARGETS, WIDE,
+    WIDER, at_rate, batch_study, batched, rated)
 from switchzoo import noise  # noqa: E402
 
 

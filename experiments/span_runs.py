@@ -135,24 +135,19 @@ BATCHED_LONG = [r for seed in BATCH_SEEDS[12000] for r in batched(seed, 12000)]
 EXPERT_MOMENTUM = 0.9
 
 
-def averaged(seed: int) -> Run:
-    """rated(0.04, seed)'s Switch-8 with its experts' updates averaged over steps."""
-    dense, switch = rated(0.04, seed)
-    return Run(harness.seeded_name("switch_8_expmom_lr0.04", seed), switch.model,
-               switch.flags + (f"--config.expert_momentum={EXPERT_MOMENTUM:g}",),
-               seed=seed, steps=12000, baseline=dense.name)
-
-
-def dense_averaged(seed: int) -> Run:
-    """rated(0.04, seed)'s dense with every update averaged over steps (the same decay)."""
-    dense = rated(0.04, seed)[0]
-    return Run(harness.seeded_name("dense_mom_lr0.04", seed), dense.model,
-               dense.flags + (f"--config.momentum={EXPERT_MOMENTUM:g}",),
-               seed=seed, steps=12000, baseline=dense.name)
+def averaged(seed: int, dense: bool = False) -> Run:
+    """rated(0.04, seed)'s Switch-8 with its experts' updates averaged over steps, or
+    (``dense``) its dense with every update so averaged, for the long pair's steps."""
+    pair = rated(0.04, seed)
+    run, flag, stem = ((pair[0], "momentum", "dense_mom") if dense else
+                       (pair[1], "expert_momentum", "switch_8_expmom"))
+    return Run(harness.seeded_name(f"{stem}_lr0.04", seed), run.model,
+               run.flags + (f"--config.{flag}={EXPERT_MOMENTUM:g}",),
+               seed=seed, steps=12000, baseline=pair[0].name)
 
 
 MOMENTUM = [averaged(seed) for seed in (0, 1)]
-DENSE_MOMENTUM = [dense_averaged(seed) for seed in (0, 1)]
+DENSE_MOMENTUM = [averaged(seed, dense=True) for seed in (0, 1)]
 # the study's runs, in order
 ALL = (RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE + GATE + BATCHED_LONG + MOMENTUM
        + DENSE_MOMENTUM)
