@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 import harness  # noqa: E402
 import plots  # noqa: E402
-from switchzoo import data, errors, evaluate, steps, transformer  # noqa: E402
+from switchzoo import errors, steps, transformer  # noqa: E402
 from switchzoo import state as state_lib  # noqa: E402
 
 FFN = ("wi", "wo", "wi_0", "wi_1")
@@ -66,20 +66,10 @@ def noise_of(grads: np.ndarray) -> dict:
 
 
 def measure(workdir: pathlib.Path, corpus: pathlib.Path, batches: int) -> dict:
-    if not (workdir / "config.json").is_file():
-        raise Bad(f"{workdir} is not a train.py workdir (no config.json); pass --workdir of a "
-                  "trained run, e.g. runs/span_long_tuned/switch_8_nojitter_lr0.04")
-    config = evaluate.load_config(workdir, {"data.eval_files": str(corpus / "eval.txt")})
+    config = harness.held_out_config(workdir, corpus)
     batch = state_lib.global_batch_size(config)
     config.data.max_eval_examples = batch * batches
-    vocab = pathlib.Path(config.data.vocab_path)
-    if config.data.vocab_path and not vocab.is_absolute() and not vocab.is_file():
-        config.data.vocab_path = str(ROOT / vocab)       # recorded relative to the repo root
-    layout = state_lib.run_layout(config)
-    ds = data.build(config.data, workdir, task=config.task, batch_size=batch,
-                    max_length=config.max_length, seed=config.seed, evaluating=True)
-    setup, params, step = evaluate.restore_params(config, workdir, layout,
-                                                  ds.tokenizer.vocab_size, ds.tokenizer.num_pieces)
+    ds, setup, params, step = harness.restore_held_out(config, workdir)
     unrolled = setup.cfg.replace(scan_layers=False)     # a scanned run: layer by layer
     if unrolled != setup.cfg:
         params = transformer.layers_as(params, unrolled)
@@ -150,6 +140,8 @@ def main(argv=None) -> int:
     p.add_argument("--publish", action="store_true",
                    help="write docs/grad_noise.json and docs/figures/grad_noise.png")
     args = p.parse_args(argv)
+    if args.json:
+        harness.unpublished(args.json, args.publish)
     try:
         if args.batches < 2:
             raise Bad(f"--batches={args.batches}: the noise needs at least 2 gradients")

@@ -360,6 +360,38 @@ def write(result: dict, out: pathlib.Path, plot: Callable | None = None, publish
     return path
 
 
+def held_out_config(workdir: pathlib.Path, corpus: pathlib.Path, overrides: dict | None = None):
+    """A trained run's config (evaluate.load_config) reading <corpus>/eval.txt as its held-out
+    text, with ``overrides`` ({dotted field: text}); its vocabulary path, recorded relative to
+    the repository root, resolved. FileNotFoundError (one line) without eval.txt."""
+    from switchzoo import evaluate
+    eval_file = pathlib.Path(corpus) / "eval.txt"
+    if not eval_file.is_file():
+        raise FileNotFoundError(f"no {eval_file}; pass --corpus DIR holding the held-out "
+                                "eval.txt (python -m switchzoo.data.english --out runs/corpus "
+                                "builds it)")
+    config = evaluate.load_config(workdir, {"data.eval_files": str(eval_file),
+                                            **(overrides or {})})
+    vocab = pathlib.Path(config.data.vocab_path)
+    if config.data.vocab_path and not vocab.is_absolute() and not vocab.is_file():
+        config.data.vocab_path = str(ROOT / vocab)
+    return config
+
+
+def restore_held_out(config, workdir: pathlib.Path, task: str | None = None):
+    """(data, set-up, parameters, step): ``config``'s held-out batches at the run's global
+    batch (data.build, evaluating) and its newest checkpoint's parameters
+    (evaluate.restore_params), on the run's layout."""
+    from switchzoo import data, evaluate
+    from switchzoo import state as state_lib
+    ds = data.build(config.data, workdir, task=task or config.task,
+                    batch_size=state_lib.global_batch_size(config),
+                    max_length=config.max_length, seed=config.seed, evaluating=True)
+    setup, params, step = evaluate.restore_params(config, workdir, state_lib.run_layout(config),
+                                                  ds.tokenizer.vocab_size, ds.tokenizer.num_pieces)
+    return ds, setup, params, step
+
+
 def missing_corpus(corpus: pathlib.Path | None) -> bool:
     """True (after one line on stderr) where ``corpus`` holds no train.txt."""
     if corpus is not None and (pathlib.Path(corpus) / "train.txt").is_file():

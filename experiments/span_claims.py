@@ -14,29 +14,12 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
     dense       dense_sc_cpu      d_model 96, 2+2 layers, ReLU FFN 384, tied; 518k non-embedding
     switch_8    switch_sc_cpu_8   the second FFN of each stack a top-1 Switch layer, 8 experts
     dense_s1, switch_8_s1         the same at seed 1 (initialisation and data order), for noise
-    switch_8_zloss, _router_lr10, _nojitter, _enc0
-                                  the encoder's router: one change each to switch_8 (router
-                                  z-loss 0.001, router updates x10, no jitter, the encoder's
-                                  Switch layer first); trained only when named in --runs; each
-                                  also at seed 1 (_s1)
-    dense_lrR, switch_8_nojitter_lrR (_s1, _s2; at 0.02 and 0.04 also _s3)
-                                  dense and no-jitter Switch-8 at rate R (0.02, 0.04, 0.08; the
-                                  recipe's is 0.01), seeds 0-2 (0.02, 0.04: 0-3); only when named
-    switch_8_dec_nojitter_lr0.04, switch_8_enc_nojitter_lr0.04 (_s1, _s2)
-                                  no-jitter Switch-8 at 0.04 with one Switch layer, in the
-                                  decoder (a dense encoder) or the encoder (a dense decoder);
-                                  only when named
-    dense_wide_lr0.04 (_s1)       dense with Switch-8's parameters (dense_sc_cpu_wide: FFNs 1,728
-                                  wide) at 0.04 for 12,000 steps, the long pair's: do FFN
-                                  parameters pay on this task? only when named
-    dense_lr0.04_b128, switch_8_nojitter_lr0.04_b128 (_s1, _s2)
-                                  the 0.04 pair at 4x the batch for 600 steps (the same tokens,
-                                  the warm-up / 4): each expert sees 4x the tokens a step; seeds
-                                  0, 1 and 2; only when named
-    dense_lr0.04_b128_long, switch_8_nojitter_lr0.04_b128_long (_s1)
-                                  the same at the long pair's budget: 3,000 steps of 128 (the
-                                  tokens of 12,000 of 32), evaluated every 250; seeds 0 and 1;
-                                  only when named
+
+and the variants experiments/span_runs.py defines, each trained only when named in --runs: the
+encoder's router changes, dense and no-jitter Switch-8 at rates 0.02-0.08, one Switch layer in
+one stack, dense with Switch-8's parameters, the gate held at 1, the 0.04 pair at 4x the batch
+(the same tokens in a quarter of the steps, at 2,400 and 12,000 steps' budgets), and the
+experts' (or, for dense, every) update averaged over steps.
 
 32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
 encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
@@ -91,30 +74,27 @@ def beside_the_pair(result: dict, variants) -> list[str]:
 def plot(result: dict, path: pathlib.Path) -> None:
     seeds = len({run.get("seed") for run in result["runs"].values()})
     title = f"span corruption: dense vs Switch-8, {seeds} seed{'s' if seeds > 1 else ''}"
+    def ran(variants):
+        return [r.name for r in variants if r.name in result["runs"]]
     panels = {title: [r.name for r in RUNS]}
-    router = [r.name for r in ROUTER if r.name in result["runs"]]
-    if router:
-        panels["the encoder's router: one change each to switch_8"] = [
-            "dense", "switch_8", *router]
-    rates = [r.name for r in RATES if r.name in result["runs"]]
-    if rates:
-        panels["by learning rate: dense and no-jitter Switch-8"] = [
-            "dense", "switch_8_nojitter", *rates]
-    batched = [r.name for r in BATCHED if r.name in result["runs"]]
-    if batched:
-        panels[f"0.04 at {WIDER}x the batch, a quarter of the steps"] = batched
-    for label, variants in (
-            ("one Switch layer: in the decoder alone or the encoder alone, 0.04", ONE_STACK),
-            ("dense with Switch-8's parameters (dense_wide), 0.04", WIDE),
-            ("Switch-8 with its gate's value held at 1 (unitgate), 0.04", GATE),
+    for label, lead, names in (
+            ("the encoder's router: one change each to switch_8", ["dense", "switch_8"],
+             ran(ROUTER)),
+            ("by learning rate: dense and no-jitter Switch-8", ["dense", "switch_8_nojitter"],
+             ran(RATES)),
+            (f"0.04 at {WIDER}x the batch, a quarter of the steps", [], ran(BATCHED)),
+            ("one Switch layer: in the decoder alone or the encoder alone, 0.04", [],
+             beside_the_pair(result, ONE_STACK)),
+            ("dense with Switch-8's parameters (dense_wide), 0.04", [],
+             beside_the_pair(result, WIDE)),
+            ("Switch-8 with its gate's value held at 1 (unitgate), 0.04", [],
+             beside_the_pair(result, GATE)),
             (f"updates averaged (decay {EXPERT_MOMENTUM:g}): Switch-8's experts', dense's all",
-             MOMENTUM + DENSE_MOMENTUM)):
-        names = beside_the_pair(result, variants)
+             [], beside_the_pair(result, MOMENTUM + DENSE_MOMENTUM)),
+            # last: its steps are of 128 examples
+            (f"the long pair at {WIDER}x the batch, 3,000 steps", [], ran(BATCHED_LONG))):
         if names:
-            panels[label] = names
-    batched = [r.name for r in BATCHED_LONG if r.name in result["runs"]]
-    if batched:                              # last: its steps are of 128 examples
-        panels[f"the long pair at {WIDER}x the batch, 3,000 steps"] = batched
+            panels[label] = lead + names
     harness.plot_curves(result, path, panels)
     pairs = {n: c for n, c in result.get("train_and_held_out", {}).items()
              if n.startswith("switch_8_nojitter")}      # the one-stack runs: in the JSON only
@@ -395,11 +375,9 @@ def main(argv=None) -> int:
         if "--config.learning_rate=0.04" in r.flags and r.name != r.baseline])
     harness.write(result, args.out, plot, publish=args.publish)
     print(lm_claims.markdown(result))
-    print(json.dumps({"claims": result["claims"], "router_effects": result["router_effects"],
-                      "rate_effects": result["rate_effects"],
-                      "stack_effects": result["stack_effects"],
-                      "batch_effects": result["batch_effects"],
-                      "batch_effects_long": result["batch_effects_long"]}, indent=1))
+    print(json.dumps({k: result[k] for k in ("claims", "router_effects", "rate_effects",
+                                             "stack_effects", "batch_effects",
+                                             "batch_effects_long")}, indent=1))
     return 0
 
 

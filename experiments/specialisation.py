@@ -35,7 +35,6 @@ import json
 import os
 import pathlib
 import shlex
-import subprocess
 import sys
 import time
 
@@ -50,7 +49,7 @@ from flax import nnx  # noqa: E402
 
 import harness  # noqa: E402
 from common import machine  # noqa: E402
-from switchzoo import data, errors, evaluate, moe, routing, steps, transformer  # noqa: E402
+from switchzoo import errors, evaluate, moe, routing, steps, transformer  # noqa: E402
 from switchzoo import state as state_lib  # noqa: E402
 
 MIN_COUNT = 5          # an id counts for determinism and pieces when seen this often
@@ -182,8 +181,8 @@ def analyse(workdir: pathlib.Path, corpus: pathlib.Path, sequences: int) -> dict
     if not (workdir / "config.json").is_file():
         raise Bad(f"{workdir} is not a train.py workdir (no config.json); pass --workdir of a "
                   "trained Switch LM run, e.g. runs/lm/switch_8")
-    config = evaluate.load_config(workdir, {"data.eval_files": str(corpus / "eval.txt"),
-                                            "data.max_eval_examples": str(sequences)})
+    config = harness.held_out_config(workdir, corpus,
+                                     {"data.max_eval_examples": str(sequences)})
     cfg = evaluate.run_model(config, workdir, vocab_size=1) if config.task == "lm" else None
     why = (f"trained task '{config.task}', not a decoder-only LM" if cfg is None else
            "is a dense model with no Switch layer" if not switch_layers(cfg) else
@@ -192,15 +191,7 @@ def analyse(workdir: pathlib.Path, corpus: pathlib.Path, sequences: int) -> dict
     if why:
         raise Bad(f"{workdir} ({config.model}) {why}; pass the workdir of a trained top-k "
                   "Switch LM run, e.g. runs/lm/switch_8")
-    vocab = pathlib.Path(config.data.vocab_path)
-    if config.data.vocab_path and not vocab.is_absolute() and not vocab.is_file():
-        config.data.vocab_path = str(ROOT / vocab)       # recorded relative to the repo root
-    layout = state_lib.run_layout(config)
-    ds = data.build(config.data, workdir, task="lm",
-                    batch_size=state_lib.global_batch_size(config),
-                    max_length=config.max_length, seed=config.seed, evaluating=True)
-    setup, params, step = evaluate.restore_params(config, workdir, layout,
-                                                  ds.tokenizer.vocab_size, ds.tokenizer.num_pieces)
+    ds, setup, params, step = harness.restore_held_out(config, workdir, task="lm")
     cfg = setup.cfg.replace(scan_layers=False, remat="none")    # layer by layer, no tracing
     model = nnx.merge(state_lib.abstract_model(cfg)[0], transformer.layers_as(params, cfg))
     sp = spm.SentencePieceProcessor(model_proto=ds.tokenizer.proto)
@@ -259,17 +250,13 @@ def main(argv=None) -> int:
         harness.DOCS if args.publish else args.workdir[0].parent) / "specialisation.json",
         args.publish)
     try:
-        if not (args.corpus / "eval.txt").is_file():
-            raise Bad(f"no {args.corpus}/eval.txt; pass --corpus DIR holding the held-out "
-                      "eval.txt (python -m switchzoo.data.english --out runs/corpus builds it)")
         if args.sequences < 1:
             raise Bad(f"--sequences {args.sequences}: pass a positive count, e.g. 200")
         runs = [analyse(w, args.corpus, args.sequences) for w in args.workdir]
     except (Bad, FileNotFoundError, ValueError, KeyError) as e:
         print(f"error: {errors.one_line(e)}", file=sys.stderr)
         return 2
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = harness.commit()
     command = shlex.join(["python", "experiments/specialisation.py",
                           *(sys.argv[1:] if argv is None else argv)])
     report = {"command": command, "commit": commit, "machine": machine(),

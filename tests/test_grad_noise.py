@@ -86,3 +86,9 @@ def test_errors_are_one_line(trained, tmp_path, capsys):
         code = grad_noise.main(argv + ["--corpus", str(trained / "corpus")])
         err = capsys.readouterr().err.strip()
         assert code == 2 and err.startswith("error: ") and words in err and "\n" not in err, err
+    published = ROOT / "docs" / "grad_noise.json"          # replaced only with --publish
+    before = published.read_bytes()
+    with pytest.raises(SystemExit, match="published result"):
+        grad_noise.main(["--workdir", str(trained / "switch"), "--corpus",
+                         str(trained / "corpus"), "--batches", "3", "--json", str(published)])
+    assert published.read_bytes() == before
