@@ -148,9 +148,27 @@ def averaged(seed: int, dense: bool = False) -> Run:
 
 MOMENTUM = [averaged(seed) for seed in (0, 1)]
 DENSE_MOMENTUM = [averaged(seed, dense=True) for seed in (0, 1)]
+# Is it the tokens each expert sees a step? Fewer experts give each more of the batch at the
+# same FLOPs (2: half the tokens, 4: a quarter, 8: an eighth) and cut an expert's gradient
+# noise as 4x the batch did, with fewer parameters: the no-jitter Switch at 0.04 with 2 and 4
+# experts for the long pair's steps, each against dense at 0.04 of its seed. If the deficit
+# shrinks as experts get fewer, the per-expert tokens are the lever (against Figure 4's
+# direction, which the LM study shows); trained only when named
+FEWER_EXPERTS = (2, 4)
+
+
+def fewer(experts: int, seed: int) -> Run:
+    """rated(0.04, seed)'s no-jitter Switch with ``experts`` experts, for the long pair's steps."""
+    dense, switch = rated(0.04, seed)
+    return Run(harness.seeded_name(f"switch_{experts}_nojitter_lr0.04", seed),
+               f"switch_sc_cpu_{experts}", switch.flags, seed=seed, steps=12000,
+               baseline=dense.name)
+
+
+FEWER = [fewer(e, seed) for seed in (0, 1) for e in FEWER_EXPERTS]
 # the study's runs, in order
 ALL = (RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE + GATE + BATCHED_LONG + MOMENTUM
-       + DENSE_MOMENTUM)
+       + DENSE_MOMENTUM + FEWER)
 
 
 def at_rate(stem: str, rate: float) -> str:
