@@ -44,8 +44,8 @@ import plots  # noqa: E402
 import verdicts  # noqa: E402
 from span_runs import (  # noqa: E402
     ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BUDGETS, DENSE_MOMENTUM, EXPERT_MOMENTUM,
-    GATE, INPUTS, MOMENTUM, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS, STACKS, TARGETS, WIDE,
-    WIDER, at_rate, batch_study, batched, rated)
+    FEWER, FEWER_EXPERTS, GATE, INPUTS, MOMENTUM, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS,
+    STACKS, TARGETS, WIDE, WIDER, at_rate, batch_study, batched, rated)
 from switchzoo import noise  # noqa: E402
 
 
@@ -91,6 +91,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
              beside_the_pair(result, GATE)),
             (f"updates averaged (decay {EXPERT_MOMENTUM:g}): Switch-8's experts', dense's all",
              [], beside_the_pair(result, MOMENTUM + DENSE_MOMENTUM)),
+            (f"fewer experts ({', '.join(map(str, FEWER_EXPERTS))}), each more of the tokens, "
+             "0.04", [], beside_the_pair(result, FEWER)),
             # last: its steps are of 128 examples
             (f"the long pair at {WIDER}x the batch, 3,000 steps", [], ran(BATCHED_LONG))):
         if names:
@@ -286,6 +288,21 @@ def momentum_effects(result: dict) -> dict:
     return {**out, "dense_momentum": dense} if dense else out
 
 
+def experts_effects(result: dict) -> dict:
+    """Switch with fewer experts (FEWER; each expert sees more of a step's tokens), under
+    "<E>_experts": does it beat Switch-8, and dense? A deficit that shrinks as E falls points
+    at the tokens each expert sees a step."""
+    out = {}
+    for e in FEWER_EXPERTS:
+        key = f"switch_{e}"
+        got = against_the_pair(result, [r for r in FEWER if r.model.endswith(f"_{e}")], key, {
+            f"{key}_better_than_switch_8": (key, "switch_8_nojitter"),
+            f"{key}_better_than_dense": (key, "dense")})
+        if got:
+            out[f"{e}_experts"] = got
+    return out
+
+
 def router_effects(result: dict) -> dict:
     """Each finished ROUTER run against switch_8 and dense of its own seed: its final held-out
     loss, the margins, the verdict against dense under the study's noise rule (like for like
@@ -368,6 +385,7 @@ def main(argv=None) -> int:
     result["wide_effects"] = wide_effects(result)
     result["gate_effects"] = gate_effects(result)
     result["momentum_effects"] = momentum_effects(result)
+    result["experts_effects"] = experts_effects(result)
     # training against held-out loss at 0.04, each Switch run against dense of its seed: does
     # the model with the more parameters fit the text it has seen faster than the rest?
     result["train_and_held_out"] = verdicts.train_and_held_out_pairs(result, [

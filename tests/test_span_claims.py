@@ -12,6 +12,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "experim
 
 import harness  # noqa: E402
 import span_claims  # noqa: E402
+import span_runs  # noqa: E402
 
 
 def test_span_router_effects_compare_each_change_with_switch_8_and_dense():
@@ -355,6 +356,35 @@ def test_the_expert_momentum_runs_change_only_the_experts_optimizer_and_are_judg
     assert c["by_seed"][0]["dense_mom_minus_dense"] == [pytest.approx(-0.02), pytest.approx(0.01)]
     assert c["dense_momentum_better_than_dense"]["runs"] == ["dense_mom_lr0.04", "dense_lr0.04"]
     assert c["dense_momentum_better_than_dense"]["seeds"] == [0]
+
+
+def test_switch_with_fewer_experts_changes_only_the_model_and_is_judged_per_expert_count():
+    """FEWER is the no-jitter Switch at 0.04 with 2 or 4 experts at the same FLOPs, the long
+    pair's steps; experts_effects judges each count against Switch-8 and dense of its seed."""
+    from switchzoo import zoo
+    for run in span_claims.FEWER:
+        dense, switch = span_claims.rated(0.04, run.seed)
+        assert run.flags == switch.flags and run.steps == 12000 and run.baseline == dense.name
+        e = zoo.get(run.model).moe.num_experts
+        assert run.name == harness.seeded_name(f"switch_{e}_nojitter_lr0.04", run.seed)
+        assert zoo.flops_per_token(run.model) == pytest.approx(
+            zoo.flops_per_token(switch.model), rel=1e-3)
+    assert {zoo.get(r.model).moe.num_experts for r in span_claims.FEWER} == {2, 4}
+    long, runs = [2000, 12000], {}
+    for seed, d, s, two in ((0, [3.3, 2.72], [3.37, 2.84], [3.31, 2.73]),
+                            (1, [3.46, 2.69], [3.42, 2.82], [3.40, 2.71])):
+        dense, switch = span_claims.rated(0.04, seed)
+        for run, losses in ((dense, d), (switch, s), (span_runs.fewer(2, seed), two)):
+            runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
+    out = span_claims.experts_effects({"runs": runs})
+    assert set(out) == {"2_experts"}                     # the 4-expert runs did not run
+    two = out["2_experts"]
+    assert two["by_seed"][1]["switch_2_minus_dense"] == [pytest.approx(-0.06), pytest.approx(0.02)]
+    c = two["switch_2_better_than_switch_8"]
+    assert c["runs"] == ["switch_2_nojitter_lr0.04", "switch_8_nojitter_lr0.04"]
+    assert c["verdict"] == "better, beyond noise"
+    assert two["switch_2_better_than_dense"]["gaps"] == [pytest.approx(-0.01),
+                                                         pytest.approx(-0.02)]
 
 
 def test_a_variants_plot_panel_shows_it_beside_the_pair_of_its_own_seed_once():
