@@ -43,9 +43,9 @@ import lm_claims  # noqa: E402
 import plots  # noqa: E402
 import verdicts  # noqa: E402
 from span_runs import (  # noqa: E402
-    ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BUDGETS, DENSE_MOMENTUM, EXPERT_MOMENTUM,
-    FEWER, FEWER_EXPERTS, GATE, INPUTS, MOMENTUM, ONE_STACK, RATE_GRID, RATES, ROUTER, RUNS,
-    STACKS, TARGETS, WIDE, WIDER, at_rate, batch_study, batched, rated)
+    ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BATCHED_SCALED, BUDGETS, DENSE_MOMENTUM,
+    EXPERT_MOMENTUM, FEWER, FEWER_EXPERTS, GATE, INPUTS, MOMENTUM, ONE_STACK, RATE_GRID, RATES,
+    ROUTER, RUNS, SCALED_RATE, STACKS, TARGETS, WIDE, WIDER, at_rate, batch_study, batched, rated)
 from switchzoo import noise  # noqa: E402
 
 
@@ -94,7 +94,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
             (f"fewer experts ({', '.join(map(str, FEWER_EXPERTS))}), each more of the tokens, "
              "0.04", [], beside_the_pair(result, FEWER)),
             # last: its steps are of 128 examples
-            (f"the long pair at {WIDER}x the batch, 3,000 steps", [], ran(BATCHED_LONG))):
+            (f"the long pair at {WIDER}x the batch, 3,000 steps, 0.04 and {SCALED_RATE:g}", [],
+             ran(BATCHED_LONG + BATCHED_SCALED))):
         if names:
             panels[label] = lead + names
     harness.plot_curves(result, path, panels)
@@ -180,10 +181,11 @@ def stack_effects(result: dict) -> dict:
     return out
 
 
-def batch_effects(result: dict, budget: int = 2400) -> dict:
-    """The 0.04 pair at WIDER x the batch for the tokens of ``budget`` steps (BATCHED at 2,400,
-    BATCHED_LONG at 12,000) over the seeds where both finished: each one's final loss by seed,
-    Switch minus dense of each seed there and at the study's batch (the same seed and tokens),
+def batch_effects(result: dict, budget: int = 2400, rate: float = 0.04) -> dict:
+    """The ``rate`` pair at WIDER x the batch for the tokens of ``budget`` steps (BATCHED at
+    2,400, BATCHED_LONG at 12,000; BATCHED_SCALED at SCALED_RATE) over the seeds where both
+    finished: each one's final loss by seed, Switch minus dense of each seed there and at the
+    study's batch at 0.04 (the same seed and tokens),
     each evaluation's gap beside the study batch's at the same tokens (keyed by its steps), and
     the verdict at the wider batch under the study's rule (paired by seed; with one seed, its
     reference spread)."""
@@ -195,15 +197,15 @@ def batch_effects(result: dict, budget: int = 2400) -> dict:
         at = [dict(zip(runs[r.name]["steps"], runs[r.name]["eval_loss"])) for r in pair]
         return {s * scale: round(at[1][s] - at[0][s], 4) for s in sorted(set(at[0]) & set(at[1]))}
 
-    wide = {s: gaps(batched(s, budget), WIDER) for s in BATCH_SEEDS[budget]}
+    wide = {s: gaps(batched(s, budget, rate), WIDER) for s in BATCH_SEEDS[budget]}
     done = [s for s in BATCH_SEEDS[budget] if wide[s]]
     if not done:
         return {}
     narrow = {s: gaps(rated(0.04, s)) for s in done}
-    dense, switch = batched(done[0], budget)
-    out = {"batch": BATCH * WIDER, "steps": runs[dense.name]["train_steps"], "seeds": done,
-           "dense": {s: runs[batched(s, budget)[0].name]["final_eval_loss"] for s in done},
-           "switch_8_nojitter": {s: runs[batched(s, budget)[1].name]["final_eval_loss"]
+    dense, switch = batched(done[0], budget, rate)
+    out = {"batch": BATCH * WIDER, "learning_rate": rate, "steps": runs[dense.name]["train_steps"], "seeds": done,
+           "dense": {s: runs[batched(s, budget, rate)[0].name]["final_eval_loss"] for s in done},
+           "switch_8_nojitter": {s: runs[batched(s, budget, rate)[1].name]["final_eval_loss"]
                                  for s in done},
            "switch_minus_dense": {s: list(wide[s].values())[-1] for s in done},
            "switch_better": verdicts.compare({**result, "runs": runs}, switch.name, dense.name)}
@@ -349,7 +351,8 @@ def main(argv=None) -> int:
     s = study(args)
     for budget in BUDGETS:
         named = sorted(set(args.runs) & {r.name for seed in BATCH_SEEDS[budget]
-                                         for r in batched(seed, budget)})
+                                         for rate in (0.04, SCALED_RATE)
+                                         for r in batched(seed, budget, rate)})
         steps, warmup, every = batch_study(budget)
         if named and not args.report and ((args.steps, args.warmup) != (steps, warmup)
                                           or every not in (None, args.eval_every)):
@@ -382,6 +385,7 @@ def main(argv=None) -> int:
     result["stack_effects"] = stack_effects(result)
     result["batch_effects"] = batch_effects(result)
     result["batch_effects_long"] = batch_effects(result, 12000)
+    result[f"batch_effects_long_lr{SCALED_RATE:g}"] = batch_effects(result, 12000, SCALED_RATE)
     result["wide_effects"] = wide_effects(result)
     result["gate_effects"] = gate_effects(result)
     result["momentum_effects"] = momentum_effects(result)

@@ -106,14 +106,14 @@ def batch_study(budget: int) -> tuple[int, int, int | None]:
     return budget, WARMUP, None if budget == 2400 else LONG_EVERY
 
 
-def batched(seed: int, budget: int = 2400) -> list[Run]:
-    """The 0.04 pair of ``seed`` at WIDER x the batch for ``budget`` / WIDER steps (the tokens
-    of ``budget`` steps at the study's batch)."""
+def batched(seed: int, budget: int = 2400, rate: float = 0.04) -> list[Run]:
+    """The ``rate`` pair of ``seed`` at WIDER x the batch for ``budget`` / WIDER steps (the
+    tokens of ``budget`` steps at the study's batch)."""
     def name(r: Run) -> str:     # dense_lr0.04_s2 -> dense_lr0.04_b128_s2 (_b128_long_s2)
         return harness.seeded_name(
             r.name.removesuffix(f"_s{seed}") + f"_b{BATCH * WIDER}{BUDGETS[budget]}", seed)
 
-    pair = rated(0.04, seed)
+    pair = rated(rate, seed)
     _, warmup, every = batch_study(budget)
     return [Run(name(r), r.model,
                 r.flags + (f"--config.per_device_batch_size={BATCH * WIDER}",
@@ -126,6 +126,12 @@ def batched(seed: int, budget: int = 2400) -> list[Run]:
 BATCH_SEEDS = {2400: (0, 1, 2), 12000: (0, 1)}
 BATCHED = [r for seed in BATCH_SEEDS[2400] for r in batched(seed)]
 BATCHED_LONG = [r for seed in BATCH_SEEDS[12000] for r in batched(seed, 12000)]
+# At 4x the batch both models ended ~0.35 worse than at batch 32 (a quarter of the steps at
+# 0.04): the long 4x-batch pair at a rate scaled for its batch (x sqrt(4)), seeds 0 and 1
+# (dense_lr0.08_b128_long, _s1): does Switch-8 stay level or ahead while both come nearer the
+# batch-32 dense? Trained only when named
+SCALED_RATE = 0.08
+BATCHED_SCALED = [r for seed in BATCH_SEEDS[12000] for r in batched(seed, 12000, SCALED_RATE)]
 # Is it the noise of the experts' updates? 4x the batch cuts an expert's gradient noise and
 # shrank the long pair's gap; Adafactor's first moment on the experts' updates alone (decay
 # 0.9: an average over ~10 steps) cuts the noise of their steps at batch 32, nothing else
@@ -168,7 +174,7 @@ def fewer(experts: int, seed: int) -> Run:
 FEWER = [fewer(e, seed) for seed in (0, 1) for e in FEWER_EXPERTS]
 # the study's runs, in order
 ALL = (RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE + GATE + BATCHED_LONG + MOMENTUM
-       + DENSE_MOMENTUM + FEWER)
+       + DENSE_MOMENTUM + FEWER + BATCHED_SCALED)
 
 
 def at_rate(stem: str, rate: float) -> str:

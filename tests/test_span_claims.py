@@ -218,13 +218,28 @@ def test_the_long_pair_at_four_times_the_batch_is_read_beside_batch_32_at_the_sa
     assert tokens["switch_minus_dense"] == pytest.approx([-0.1, -0.05, -0.02])
     assert tokens["switch_minus_dense_at_batch_32"] == pytest.approx([0.02, 0.1, 0.13])
     assert out["switch_better"]["runs"] == [switch.name, dense.name]
+    # at the scaled rate: its own runs, read beside the batch-32 pair at 0.04
+    assert span_claims.batch_effects({"runs": runs}, 12000, span_claims.SCALED_RATE) == {}
+    d8, s8 = span_claims.batched(1, 12000, span_claims.SCALED_RATE)
+    assert (d8.name, s8.name) == ("dense_lr0.08_b128_long_s1",
+                                  "switch_8_nojitter_lr0.08_b128_long_s1")
+    assert "--config.learning_rate=0.08" in s8.flags and s8.baseline == d8.name
+    assert {r.name for r in span_claims.BATCHED_SCALED} >= {d8.name, s8.name}
+    runs.update({d8.name: summary([1000, 2000, 3000], [3.0, 2.8, 2.70], seed=1),
+                 s8.name: summary([1000, 2000, 3000], [3.0, 2.7, 2.65], seed=1)})
+    out = span_claims.batch_effects({"runs": runs}, 12000, span_claims.SCALED_RATE)
+    assert out["learning_rate"] == 0.08 and out["dense"] == {1: 2.70}
+    assert out["switch_minus_dense"] == {1: pytest.approx(-0.05)}
+    assert out["switch_minus_dense_at_batch_32"] == {1: pytest.approx(0.13)}
 
 
 def test_the_long_4x_batch_pair_is_refused_outside_the_long_study(tmp_path, capsys):
     (tmp_path / "train.txt").write_text("text\n")
-    for flags in (["--steps", "2400"], ["--steps", "12000", "--eval-every", "200"]):
+    for flags, run in ((["--steps", "2400"], "dense_lr0.04_b128_long_s1"),
+                       (["--steps", "12000", "--eval-every", "200"], "dense_lr0.04_b128_long_s1"),
+                       (["--steps", "2400"], "switch_8_nojitter_lr0.08_b128_long")):
         assert span_claims.main(["--out", str(tmp_path / "o"), "--corpus", str(tmp_path),
-                                 *flags, "--runs", "dense_lr0.04_b128_long_s1"]) == 2
+                                 *flags, "--runs", run]) == 2
         err = capsys.readouterr().err
         assert "the 12,000-step study's" in err and "--eval-every 1000" in err
     assert not (tmp_path / "o").exists()
