@@ -185,10 +185,9 @@ def batch_effects(result: dict, budget: int = 2400, rate: float = 0.04) -> dict:
     """The ``rate`` pair at WIDER x the batch for the tokens of ``budget`` steps (BATCHED at
     2,400, BATCHED_LONG at 12,000; BATCHED_SCALED at SCALED_RATE) over the seeds where both
     finished: each one's final loss by seed, Switch minus dense of each seed there and at the
-    study's batch at 0.04 (the same seed and tokens),
-    each evaluation's gap beside the study batch's at the same tokens (keyed by its steps), and
-    the verdict at the wider batch under the study's rule (paired by seed; with one seed, its
-    reference spread)."""
+    study's batch at 0.04 (the same seed and tokens), each evaluation's gap beside the study
+    batch's at the same tokens (keyed by its steps), and the verdict at the wider batch under
+    the study's rule (paired by seed; with one seed, its reference spread)."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
 
     def gaps(pair, scale=1):    # {study-batch step: Switch minus dense}; {} unless both finished
@@ -203,7 +202,8 @@ def batch_effects(result: dict, budget: int = 2400, rate: float = 0.04) -> dict:
         return {}
     narrow = {s: gaps(rated(0.04, s)) for s in done}
     dense, switch = batched(done[0], budget, rate)
-    out = {"batch": BATCH * WIDER, "learning_rate": rate, "steps": runs[dense.name]["train_steps"], "seeds": done,
+    out = {"batch": BATCH * WIDER, "learning_rate": rate,
+           "steps": runs[dense.name]["train_steps"], "seeds": done,
            "dense": {s: runs[batched(s, budget, rate)[0].name]["final_eval_loss"] for s in done},
            "switch_8_nojitter": {s: runs[batched(s, budget, rate)[1].name]["final_eval_loss"]
                                  for s in done},
