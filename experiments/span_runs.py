@@ -1,6 +1,7 @@
 """The runs of experiments/span_claims.py: the span pair, the router changes, the rate grid,
-the one-stack Switch models, the 4x-batch pair and the wide dense model, each a harness.Run
-(which model, which flags, which seed, and the run it is compared with)."""
+the one-stack Switch models, the 4x-batch pairs, the wide dense model, the unit gate, the
+momentum runs and Switch with fewer experts, each a harness.Run (which model, which flags,
+which seed, and the run it is compared with)."""
 from __future__ import annotations
 
 import harness
