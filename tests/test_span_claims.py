@@ -1,6 +1,6 @@
-"""experiments/span_claims.py's bookkeeping (the runs themselves are the study): each router
-change, each learning rate and each one-stack Switch model judged against switch_8 and dense of
-its rate and seed under the noise rule."""
+"""experiments/span_claims.py's bookkeeping and experiments/span_effects.py's readers (the runs
+themselves are the study): each router change, each learning rate and each one-stack Switch model
+judged against switch_8 and dense of its rate and seed under the noise rule."""
 import pathlib
 import sys
 
@@ -12,6 +12,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "experim
 
 import harness  # noqa: E402
 import span_claims  # noqa: E402
+import span_effects  # noqa: E402
 import span_runs  # noqa: E402
 
 
@@ -27,7 +28,7 @@ def test_span_router_effects_compare_each_change_with_switch_8_and_dense():
                                       baseline="dense", router_entropy_train=[1.2, 0.9]),
             "switch_8_enc0": summary(steps, [4.2, 3.95], model="switch_sc_cpu_8_enc0",
                                      baseline="dense", finished=False)}
-    out = span_claims.router_effects({"runs": runs})
+    out = span_effects.router_effects({"runs": runs})
     assert list(out) == ["switch_8_zloss"]                  # an unfinished run is left out
     z = out["switch_8_zloss"]
     assert z["change"] == "--config.moe.z_loss_weight=0.001"
@@ -37,10 +38,10 @@ def test_span_router_effects_compare_each_change_with_switch_8_and_dense():
     assert z["against_dense"]["better"] is True
     assert z["router_entropy_train"] == [1.2, 0.9]
     assert z["switch_8_router_entropy_train"] == [1.84, 0.99]
-    assert span_claims.router_effects({"runs": {"dense": runs["dense"]}}) == {}
+    assert span_effects.router_effects({"runs": {"dense": runs["dense"]}}) == {}
     # without a model at two seeds there is no noise estimate, and the verdict says so
     alone = {k: v for k, v in runs.items() if k != "dense_s1"}
-    e = span_claims.router_effects({"runs": alone})
+    e = span_effects.router_effects({"runs": alone})
     assert e["switch_8_zloss"]["against_dense"]["verdict"] == "better, no noise estimate"
 
 
@@ -59,7 +60,7 @@ def test_span_rate_effects_pair_no_jitter_switch_with_dense_of_its_rate_and_seed
             "dense_lr0.02": summary(steps, [3.9, 3.7], model="d", flags=lr(0.02)),
             "switch_8_nojitter_lr0.02": summary(steps, [3.9, 3.6], model="s",
                                                 flags=lr(0.02) + nj, finished=False)}
-    out = span_claims.rate_effects({"runs": runs})
+    out = span_effects.rate_effects({"runs": runs})
     # 0.02's Switch run has not finished; each at its best: 0.04 for both (the only rate
     # either ran on two seeds)
     assert list(out) == ["0.01", "0.04", "each_at_its_best"]
@@ -70,7 +71,7 @@ def test_span_rate_effects_pair_no_jitter_switch_with_dense_of_its_rate_and_seed
     assert c["seeds"] == [0, 1] and c["gaps"] == [0.1, 0.07] and c["noise_from"] == "paired"
     assert c["better"] and c["beyond_noise"]        # margin 0.085 > 2 x 0.03
     assert out["0.01"]["switch_better"]["noise_from"] == "reference"   # one seed each
-    names = {r.name: r for r in span_claims.RATES}
+    names = {r.name: r for r in span_runs.RATES}
     assert names["switch_8_nojitter_lr0.02_s1"].baseline == "dense_lr0.02_s1"
     assert names["switch_8_nojitter_lr0.02_s1"].flags == ("--config.learning_rate=0.02",
                                                           "--config.moe.jitter=0")
@@ -89,7 +90,7 @@ def test_span_stack_effects_judge_the_dense_encoder_switch_against_dense_and_swi
             dec + "_s1": summary(steps, [3.8, 3.60], 1, model="dec", flags=lr + nj),
             dec + "_s2": summary(steps, [3.8, 3.40], 2, model="dec", flags=lr + nj,
                                  finished=False)}
-    out = span_claims.stack_effects({"runs": runs})
+    out = span_effects.stack_effects({"runs": runs})
     assert list(out) == ["dec"]                       # the encoder-only model has not run
     out = out["dec"]
     assert out["final_eval_loss"] == {0: 3.55, 1: 3.6}        # seed 2 has not finished
@@ -99,15 +100,15 @@ def test_span_stack_effects_judge_the_dense_encoder_switch_against_dense_and_swi
     # against Switch-8 one seed pairs (seed 0): the study's reference spread, dense's 0.1
     s = out["against_switch_8_nojitter_lr0.04"]
     assert s["seeds"] == [0] and s["noise_from"] == "reference" and s["better"]
-    assert span_claims.stack_effects({"runs": {k: v for k, v in runs.items()
+    assert span_effects.stack_effects({"runs": {k: v for k, v in runs.items()
                                                  if not k.startswith(dec)}}) == {}
     # a study that ran seed 1 alone (the 12,000-step one) is judged on that seed
     del runs[dec]
-    alone = span_claims.stack_effects({"runs": runs})["dec"]
+    alone = span_effects.stack_effects({"runs": runs})["dec"]
     assert alone["final_eval_loss"] == {1: 3.6}
     assert alone["against_dense_lr0.04"]["seeds"] == [1]
     assert alone["against_dense_lr0.04"]["gaps"] == [pytest.approx(0.1)]
-    names = {r.name: r for r in span_claims.ONE_STACK}
+    names = {r.name: r for r in span_runs.ONE_STACK}
     assert names[dec + "_s2"].baseline == "dense_lr0.04_s2"
     assert names[dec].model == "switch_sc_cpu_8_dec"
     assert names["switch_8_enc_nojitter_lr0.04_s1"].model == "switch_sc_cpu_8_enc"
@@ -126,14 +127,14 @@ def test_a_router_changes_second_seed_is_read_against_switch_8_and_dense_of_its_
                                       baseline="dense"),
             "switch_8_zloss_s1": summary(steps, [4.0, 3.85], seed=1, model="switch_sc_cpu_8",
                                          flags=z, baseline="dense_s1")}
-    out = span_claims.router_effects({"runs": runs})
+    out = span_effects.router_effects({"runs": runs})
     s1 = out["switch_8_zloss_s1"]
     assert s1["minus_switch_8"] == pytest.approx(-0.10)
     assert s1["minus_dense"] == pytest.approx(-0.05)
     paired = out["switch_8_zloss"]["against_dense"]           # both seeds, like for like
     assert paired["seeds"] == [0, 1] and paired["gaps"] == [0.08, 0.05]
     assert paired["noise_from"] == "paired"
-    second = {r.name: r for r in span_claims.ROUTER if r.seed == 1}
+    second = {r.name: r for r in span_runs.ROUTER if r.seed == 1}
     assert set(second) == {"switch_8_nojitter_s1", "switch_8_zloss_s1",
                            "switch_8_router_lr10_s1", "switch_8_enc0_s1"}
     assert second["switch_8_enc0_s1"].model == "switch_sc_cpu_8_enc0"
@@ -141,12 +142,12 @@ def test_a_router_changes_second_seed_is_read_against_switch_8_and_dense_of_its_
 
 
 def test_the_pair_at_four_times_the_batch_sees_the_same_tokens_on_the_same_schedule():
-    assert [r.name for r in span_claims.batched(2)] == [
+    assert [r.name for r in span_runs.batched(2)] == [
         "dense_lr0.04_b128_s2", "switch_8_nojitter_lr0.04_b128_s2"]
-    assert {r.seed for r in span_claims.batched(2)} == {2}
-    assert {r.baseline for r in span_claims.batched(2)} == {"dense_lr0.04_b128_s2"}
-    assert len(span_claims.BATCHED) == 6                         # seeds 0, 1 and 2
-    dense, switch = span_claims.batched(0)
+    assert {r.seed for r in span_runs.batched(2)} == {2}
+    assert {r.baseline for r in span_runs.batched(2)} == {"dense_lr0.04_b128_s2"}
+    assert len(span_runs.BATCHED) == 6                         # seeds 0, 1 and 2
+    dense, switch = span_runs.batched(0)
     assert (dense.steps, switch.steps) == (600, 600)            # 2,400 steps of 32 -> 600 of 128
     assert "--config.per_device_batch_size=128" in switch.flags
     assert "--config.warmup_steps=62" in switch.flags and "--config.moe.jitter=0" in switch.flags
@@ -158,9 +159,9 @@ def test_the_pair_at_four_times_the_batch_sees_the_same_tokens_on_the_same_sched
             dense.name: summary([200, 600], [4.0, 3.40], model="dense_sc_cpu", flags=dense.flags),
             switch.name: summary([200, 600], [4.0, 3.35], model="switch_sc_cpu_8",
                                  flags=switch.flags, finished=False)}
-    assert span_claims.batch_effects({"runs": runs}) == {}        # the pair has not finished
+    assert span_effects.batch_effects({"runs": runs}) == {}        # the pair has not finished
     runs[switch.name]["finished"] = True
-    out = span_claims.batch_effects({"runs": runs})
+    out = span_effects.batch_effects({"runs": runs})
     assert (out["batch"], out["steps"], out["seeds"]) == (128, 600, [0])
     assert out["switch_minus_dense"] == {0: pytest.approx(-0.05)}
     assert out["switch_minus_dense_at_batch_32"] == {0: pytest.approx(0.05)}
@@ -168,12 +169,12 @@ def test_the_pair_at_four_times_the_batch_sees_the_same_tokens_on_the_same_sched
     assert out["switch_better"]["better"] is True
     # seed 2's pair: the verdict pairs the two seeds' gaps (-0.05, +0.02); seed 2 has no
     # batch-32 pair here, so only seed 0 has a gap there
-    d2, s2 = span_claims.batched(2)
+    d2, s2 = span_runs.batched(2)
     runs[d2.name] = summary([200, 600], [4.0, 3.30], seed=2, model="dense_sc_cpu",
                             flags=d2.flags)
     runs[s2.name] = summary([200, 600], [4.0, 3.32], seed=2, model="switch_sc_cpu_8",
                             flags=s2.flags)
-    out = span_claims.batch_effects({"runs": runs})
+    out = span_effects.batch_effects({"runs": runs})
     assert out["seeds"] == [0, 2] and out["dense"] == {0: 3.40, 2: 3.30}
     assert out["switch_minus_dense"] == {0: pytest.approx(-0.05), 2: pytest.approx(0.02)}
     assert out["switch_minus_dense_at_batch_32"] == {0: pytest.approx(0.05)}
@@ -192,24 +193,24 @@ def test_the_4x_batch_pair_is_refused_outside_the_2400_step_study(tmp_path, caps
 
 def test_the_long_pair_at_four_times_the_batch_is_read_beside_batch_32_at_the_same_tokens(
         tmp_path):
-    dense, switch = span_claims.batched(1, 12000)
+    dense, switch = span_runs.batched(1, 12000)
     assert (dense.name, switch.name) == ("dense_lr0.04_b128_long_s1",
                                          "switch_8_nojitter_lr0.04_b128_long_s1")
     assert (switch.steps, switch.eval_every, switch.baseline) == (3000, 250, dense.name)
-    assert [r.seed for r in span_claims.BATCHED_LONG] == [0, 0, 1, 1]
+    assert [r.seed for r in span_runs.BATCHED_LONG] == [0, 0, 1, 1]
     # the run evaluates (and checkpoints) every 250 of its steps: 1,000 of the study's, in tokens
-    study = harness.Study("s", "configs/c4_cpu.py", span_claims.ALL, steps=12000, eval_every=1000)
+    study = harness.Study("s", "configs/c4_cpu.py", span_runs.ALL, steps=12000, eval_every=1000)
     cmd = harness.command(study, switch, tmp_path, None)
     assert "--config.eval_every_steps=250" in cmd and "--config.checkpoint_every_steps=250" in cmd
     assert any(c.endswith("steps=3000") for c in cmd) and "--config.seed=1" in cmd
     assert "--config.eval_every_steps=1000" in harness.command(
-        study, span_claims.rated(0.04, 1)[0], tmp_path, None)
+        study, span_runs.rated(0.04, 1)[0], tmp_path, None)
     runs = {"dense_lr0.04_s1": summary([4000, 8000, 12000], [3.1, 2.8, 2.69], seed=1),
             "switch_8_nojitter_lr0.04_s1": summary([4000, 8000, 12000], [3.12, 2.9, 2.82], seed=1),
             dense.name: summary([1000, 2000, 3000], [3.2, 2.9, 2.80], seed=1),
             switch.name: summary([1000, 2000, 3000], [3.1, 2.85, 2.78], seed=1)}
-    assert span_claims.batch_effects({"runs": runs}) == {}         # the 2,400-step pair: none
-    out = span_claims.batch_effects({"runs": runs}, 12000)
+    assert span_effects.batch_effects({"runs": runs}) == {}         # the 2,400-step pair: none
+    out = span_effects.batch_effects({"runs": runs}, 12000)
     assert (out["batch"], out["steps"], out["seeds"]) == (128, 3000, [1])
     assert out["switch_minus_dense"] == {1: pytest.approx(-0.02)}
     assert out["switch_minus_dense_at_batch_32"] == {1: pytest.approx(0.13)}
@@ -219,15 +220,15 @@ def test_the_long_pair_at_four_times_the_batch_is_read_beside_batch_32_at_the_sa
     assert tokens["switch_minus_dense_at_batch_32"] == pytest.approx([0.02, 0.1, 0.13])
     assert out["switch_better"]["runs"] == [switch.name, dense.name]
     # at the scaled rate: its own runs, read beside the batch-32 pair at 0.04
-    assert span_claims.batch_effects({"runs": runs}, 12000, span_claims.SCALED_RATE) == {}
-    d8, s8 = span_claims.batched(1, 12000, span_claims.SCALED_RATE)
+    assert span_effects.batch_effects({"runs": runs}, 12000, span_runs.SCALED_RATE) == {}
+    d8, s8 = span_runs.batched(1, 12000, span_runs.SCALED_RATE)
     assert (d8.name, s8.name) == ("dense_lr0.08_b128_long_s1",
                                   "switch_8_nojitter_lr0.08_b128_long_s1")
     assert "--config.learning_rate=0.08" in s8.flags and s8.baseline == d8.name
-    assert {r.name for r in span_claims.BATCHED_SCALED} >= {d8.name, s8.name}
+    assert {r.name for r in span_runs.BATCHED_SCALED} >= {d8.name, s8.name}
     runs.update({d8.name: summary([1000, 2000, 3000], [3.0, 2.8, 2.70], seed=1),
                  s8.name: summary([1000, 2000, 3000], [3.0, 2.7, 2.65], seed=1)})
-    out = span_claims.batch_effects({"runs": runs}, 12000, span_claims.SCALED_RATE)
+    out = span_effects.batch_effects({"runs": runs}, 12000, span_runs.SCALED_RATE)
     assert out["learning_rate"] == 0.08 and out["dense"] == {1: 2.70}
     assert out["switch_minus_dense"] == {1: pytest.approx(-0.05)}
     assert out["switch_minus_dense_at_batch_32"] == {1: pytest.approx(0.13)}
@@ -262,7 +263,7 @@ def test_each_model_at_its_best_rate_is_judged_over_the_seeds_both_rates_ran():
                       {0: 3.25, 1: 3.26, 2: 3.27, 3: 3.28}, nojitter),
             **runs_at("switch_8_nojitter", "switch_sc_cpu_8", 0.02, {0: 3.45, 1: 3.44}, nojitter),
             **runs_at("switch_8_nojitter", "switch_sc_cpu_8", 0.08, {2: 3.20}, nojitter)}
-    out = span_claims.at_best_mean_rate({"runs": runs})
+    out = span_effects.at_best_mean_rate({"runs": runs})
     assert out["best_rate"] == {"dense": 0.04, "switch_8_nojitter": 0.04}
     assert out["mean_by_rate"]["dense"]["0.02"] == {"mean": 3.38, "seeds": [0, 1]}
     assert "0.08" not in out["mean_by_rate"]["switch_8_nojitter"]          # one seed: not read
@@ -272,7 +273,7 @@ def test_each_model_at_its_best_rate_is_judged_over_the_seeds_both_rates_ran():
     assert c["gaps"] == [pytest.approx(g) for g in (-0.05, 0.24, 0.03, 0.32)]
     # dense better at 0.02 on the seeds both ran: 0.02 is its best
     runs.update(runs_at("dense", "dense_sc_cpu", 0.02, {0: 3.1, 1: 3.2}))
-    assert span_claims.at_best_mean_rate({"runs": runs})["best_rate"]["dense"] == 0.02
+    assert span_effects.at_best_mean_rate({"runs": runs})["best_rate"]["dense"] == 0.02
 
 
 def test_dense_with_switchs_parameters_is_read_against_the_long_pair_at_its_own_steps():
@@ -280,18 +281,18 @@ def test_dense_with_switchs_parameters_is_read_against_the_long_pair_at_its_own_
     judged at its last step against dense and Switch-8's evaluations there, not against their
     final losses, and seeds stopped at unlike steps are not paired."""
     long = [2000, 4000, 6000, 12000]
-    wide = {r.seed: r for r in span_claims.WIDE}
+    wide = {r.seed: r for r in span_runs.WIDE}
     assert wide[1].name == "dense_wide_lr0.04_s1" and wide[1].baseline == "dense_lr0.04_s1"
     assert wide[0].model == "dense_sc_cpu_wide" and wide[0].steps == 12000
     runs = {}
     for seed, d, s, w in ((0, [3.3, 3.06, 2.92, 2.72], [3.37, 3.13, 3.01, 2.84], [3.2, 3.0, 2.85]),
                           (1, [3.46, 3.11, 2.96, 2.69], [3.42, 3.12, 3.00, 2.82], [3.4, 3.0, 2.9])):
-        dense, switch = span_claims.rated(0.04, seed)
+        dense, switch = span_runs.rated(0.04, seed)
         runs[dense.name] = summary(long, d, seed=seed, model=dense.model, flags=dense.flags)
         runs[switch.name] = summary(long, s, seed=seed, model=switch.model, flags=switch.flags)
         runs[wide[seed].name] = summary(long[:3], w, seed=seed, model=wide[seed].model,
                                         flags=wide[seed].flags)
-    out = span_claims.wide_effects({"runs": runs})
+    out = span_effects.wide_effects({"runs": runs})
     assert out["at_step"] == 6000
     s0 = out["by_seed"][0]
     assert s0["steps"] == [2000, 4000, 6000]
@@ -307,28 +308,28 @@ def test_dense_with_switchs_parameters_is_read_against_the_long_pair_at_its_own_
     # seed 1 stopped at 4,000 steps: its curve is reported, but no verdict pairs unlike steps
     runs[wide[1].name] = summary(long[:2], [3.4, 3.0], seed=1, model=wide[1].model,
                                  flags=wide[1].flags)
-    out = span_claims.wide_effects({"runs": runs})
+    out = span_effects.wide_effects({"runs": runs})
     assert set(out["by_seed"]) == {0, 1} and "at_step" not in out
-    assert span_claims.wide_effects({"runs": {}}) == {}
+    assert span_effects.wide_effects({"runs": {}}) == {}
 
 
 def test_the_unit_gate_runs_hold_the_gate_at_one_and_are_judged_against_switch_and_dense():
     """GATE is no-jitter Switch-8 at 0.04 with the renormalised top-1 gate (value 1) trained
     straight through on every step; gate_effects pairs it by seed with that Switch-8 and with
     dense at their evaluations."""
-    gate = {r.seed: r for r in span_claims.GATE}
+    gate = {r.seed: r for r in span_runs.GATE}
     for seed, run in gate.items():
-        assert run.flags[:2] == span_claims.rated(0.04, seed)[1].flags and run.steps == 12000
+        assert run.flags[:2] == span_runs.rated(0.04, seed)[1].flags and run.steps == 12000
         assert {"--config.moe.gates_sum_to_one=true",
                 "--config.moe.straight_through_steps=-1"} <= set(run.flags)
     long = [2000, 12000]
     runs = {}
     for seed, d, s, g in ((0, [3.3, 2.72], [3.37, 2.84], [3.35, 2.78]),
                           (1, [3.46, 2.69], [3.42, 2.82], [3.40, 2.75])):
-        dense, switch = span_claims.rated(0.04, seed)
+        dense, switch = span_runs.rated(0.04, seed)
         for run, losses in ((dense, d), (switch, s), (gate[seed], g)):
             runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
-    out = span_claims.gate_effects({"runs": runs})
+    out = span_effects.gate_effects({"runs": runs})
     assert out["at_step"] == 12000
     assert out["by_seed"][1]["switch_8_unitgate_minus_dense"] == [
         pytest.approx(-0.06), pytest.approx(0.06)]
@@ -342,32 +343,32 @@ def test_the_unit_gate_runs_hold_the_gate_at_one_and_are_judged_against_switch_a
 def test_the_expert_momentum_runs_change_only_the_experts_optimizer_and_are_judged():
     """MOMENTUM is no-jitter Switch-8 at 0.04 with --config.expert_momentum, the long pair's
     steps; momentum_effects pairs it by seed with that Switch-8 and with dense."""
-    for run in span_claims.MOMENTUM:
-        switch = span_claims.rated(0.04, run.seed)[1]
+    for run in span_runs.MOMENTUM:
+        switch = span_runs.rated(0.04, run.seed)[1]
         assert run.flags == switch.flags + (
-            f"--config.expert_momentum={span_claims.EXPERT_MOMENTUM:g}",)
-        assert run.steps == 12000 and run.baseline == span_claims.rated(0.04, run.seed)[0].name
+            f"--config.expert_momentum={span_runs.EXPERT_MOMENTUM:g}",)
+        assert run.steps == 12000 and run.baseline == span_runs.rated(0.04, run.seed)[0].name
     long, runs = [2000, 12000], {}
     for seed, d, s, m in ((0, [3.3, 2.72], [3.37, 2.84], [3.31, 2.70]),
                           (1, [3.46, 2.69], [3.42, 2.82], [3.40, 2.67])):
-        dense, switch = span_claims.rated(0.04, seed)
-        for run, losses in ((dense, d), (switch, s), (span_claims.MOMENTUM[seed], m)):
+        dense, switch = span_runs.rated(0.04, seed)
+        for run, losses in ((dense, d), (switch, s), (span_runs.MOMENTUM[seed], m)):
             runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
-    out = span_claims.momentum_effects({"runs": runs})
+    out = span_effects.momentum_effects({"runs": runs})
     c = out["expert_momentum_better_than_dense"]
     assert c["runs"] == ["switch_8_expmom_lr0.04", "dense_lr0.04"]
     assert c["gaps"] == [pytest.approx(0.02), pytest.approx(0.02)]
     assert c["verdict"] == "better, beyond noise"
     assert out["expert_momentum_better_than_switch"]["verdict"] == "better, beyond noise"
     assert "dense_momentum" not in out                  # its dense control did not run
-    for run in span_claims.DENSE_MOMENTUM:              # the control: dense, every update
-        dense = span_claims.rated(0.04, run.seed)[0]
+    for run in span_runs.DENSE_MOMENTUM:              # the control: dense, every update
+        dense = span_runs.rated(0.04, run.seed)[0]
         assert run.flags == dense.flags + (
-            f"--config.momentum={span_claims.EXPERT_MOMENTUM:g}",) and run.baseline == dense.name
-    control = span_claims.DENSE_MOMENTUM[0]
+            f"--config.momentum={span_runs.EXPERT_MOMENTUM:g}",) and run.baseline == dense.name
+    control = span_runs.DENSE_MOMENTUM[0]
     runs[control.name] = summary(long, [3.28, 2.73], seed=0, model=control.model,
                                  flags=control.flags)
-    c = span_claims.momentum_effects({"runs": runs})["dense_momentum"]
+    c = span_effects.momentum_effects({"runs": runs})["dense_momentum"]
     assert c["by_seed"][0]["dense_mom_minus_dense"] == [pytest.approx(-0.02), pytest.approx(0.01)]
     assert c["dense_momentum_better_than_dense"]["runs"] == ["dense_mom_lr0.04", "dense_lr0.04"]
     assert c["dense_momentum_better_than_dense"]["seeds"] == [0]
@@ -377,21 +378,21 @@ def test_switch_with_fewer_experts_changes_only_the_model_and_is_judged_per_expe
     """FEWER is the no-jitter Switch at 0.04 with 2 or 4 experts at the same FLOPs, the long
     pair's steps; experts_effects judges each count against Switch-8 and dense of its seed."""
     from switchzoo import zoo
-    for run in span_claims.FEWER:
-        dense, switch = span_claims.rated(0.04, run.seed)
+    for run in span_runs.FEWER:
+        dense, switch = span_runs.rated(0.04, run.seed)
         assert run.flags == switch.flags and run.steps == 12000 and run.baseline == dense.name
         e = zoo.get(run.model).moe.num_experts
         assert run.name == harness.seeded_name(f"switch_{e}_nojitter_lr0.04", run.seed)
         assert zoo.flops_per_token(run.model) == pytest.approx(
             zoo.flops_per_token(switch.model), rel=1e-3)
-    assert {zoo.get(r.model).moe.num_experts for r in span_claims.FEWER} == {2, 4}
+    assert {zoo.get(r.model).moe.num_experts for r in span_runs.FEWER} == {2, 4}
     long, runs = [2000, 12000], {}
     for seed, d, s, two in ((0, [3.3, 2.72], [3.37, 2.84], [3.31, 2.73]),
                             (1, [3.46, 2.69], [3.42, 2.82], [3.40, 2.71])):
-        dense, switch = span_claims.rated(0.04, seed)
+        dense, switch = span_runs.rated(0.04, seed)
         for run, losses in ((dense, d), (switch, s), (span_runs.fewer(2, seed), two)):
             runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
-    out = span_claims.experts_effects({"runs": runs})
+    out = span_effects.experts_effects({"runs": runs})
     assert set(out) == {"2_experts"}                     # the 4-expert runs did not run
     two = out["2_experts"]
     assert two["by_seed"][1]["switch_2_minus_dense"] == [pytest.approx(-0.06), pytest.approx(0.02)]
@@ -408,19 +409,19 @@ def test_a_variants_plot_panel_shows_it_beside_the_pair_of_its_own_seed_once():
            "switch_8_enc_nojitter_lr0.04_s1", "switch_8_unitgate_lr0.04_s1"]
     result = {"runs": dict.fromkeys(ran, {})}
     pair = ["dense_lr0.04_s1", "switch_8_nojitter_lr0.04_s1"]
-    assert span_claims.beside_the_pair(result, span_claims.ONE_STACK) == pair + [
+    assert span_claims.beside_the_pair(result, span_runs.ONE_STACK) == pair + [
         "switch_8_dec_nojitter_lr0.04_s1", "switch_8_enc_nojitter_lr0.04_s1"]
-    assert span_claims.beside_the_pair(result, span_claims.GATE) == pair + [
+    assert span_claims.beside_the_pair(result, span_runs.GATE) == pair + [
         "switch_8_unitgate_lr0.04_s1"]
-    assert span_claims.beside_the_pair(result, span_claims.WIDE) == []
+    assert span_claims.beside_the_pair(result, span_runs.WIDE) == []
 
 
 def test_a_variant_judged_on_seed_1_alone_is_named_by_its_seed_1_runs():
     long = [2000, 12000]
-    dense, switch = span_claims.rated(0.04, 1)
-    gate = span_claims.GATE[1]
+    dense, switch = span_runs.rated(0.04, 1)
+    gate = span_runs.GATE[1]
     runs = {r.name: summary(long, losses, seed=1, model=r.model, flags=r.flags)
             for r, losses in ((dense, [3.46, 2.69]), (switch, [3.42, 2.82]),
                               (gate, [3.40, 2.75]))}
-    c = span_claims.gate_effects({"runs": runs})["unit_gate_better_than_switch"]
+    c = span_effects.gate_effects({"runs": runs})["unit_gate_better_than_switch"]
     assert c["runs"] == [gate.name, switch.name] and c["seeds"] == [1]
