@@ -210,13 +210,15 @@ MODELS.update({
     ),
     # the same question on span corruption (experiments/span_claims.py): an encoder-decoder
     # of dense_lm_cpu's width, 2+2 layers (~518k non-embedding parameters, about the LM's 443k)
-    # (2 and 4 experts: does the span deficit shrink as each expert sees more of the tokens?)
+    # (2 and 4 experts: does the span deficit shrink as each expert sees more of the tokens?
+    # 1 expert: the Switch layer's code path with nothing to route, which trains as dense)
 **{f"switch_sc_cpu_{e}": dict(
         **_SC_CPU, moe=_lm_cpu_moe(e, sparse_every=2, sparse_offset=1),
         source="CPU-sized Switch encoder-decoder for span corruption on the claims study's "
                "prose (experiments/span_claims.py): switch_lm_cpu_8's width, 2+2 layers, the "
-               f"second FFN of each stack a Switch layer of {e} experts; not a published model",
-    ) for e in (2, 4, 8)},
+               f"second FFN of each stack a Switch layer of {e} expert{'s' * (e > 1)}; not a "
+               "published model",
+    ) for e in (1, 2, 4, 8)},
     "switch_sc_cpu_8_enc0": dict(
         **_SC_CPU, moe=_lm_cpu_moe(8, encoder_sparse_layers=(0,), sparse_layers=(1,)),
         source="switch_sc_cpu_8 with the encoder's Switch layer in its first layer rather "
