@@ -34,6 +34,8 @@ def get_base() -> ml_collections.ConfigDict:
                                           # (configs/c4.py); "linear_rsqrt": a linear ramp to it
     c.weight_decay = 0.0
     c.router_learning_rate_scale = 1.0    # multiplies the routers' updates (off: 1.0)
+    c.router_freeze_step = 0              # the routers stop moving from this step on
+                                          # (StableMoE's second stage; off: 0)
     c.momentum = 0.0                      # Adafactor's first moment (this decay) on every
                                           # update (off: 0.0; optax's and T5X's beta1)
     c.expert_momentum = 0.0               # Adafactor's first moment (this decay) on the

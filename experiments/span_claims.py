@@ -18,8 +18,9 @@ truncated-normal init, no dropout, aux loss 0.01, capacity 1.25 / 2.0):
 and the variants experiments/span_runs.py defines, each trained only when named in --runs: the
 encoder's router changes, dense and no-jitter Switch-8 at rates 0.02-0.08, one Switch layer in
 one stack, dense with Switch-8's parameters, the gate held at 1, the 0.04 pair at 4x the batch
-(the same tokens in a quarter of the steps, at 2,400 and 12,000 steps' budgets), and the
-experts' (or, for dense, every) update averaged over steps.
+(the same tokens in a quarter of the steps, at 2,400 and 12,000 steps' budgets, at 0.04 and
+0.08), the experts' (or, for dense, every) update averaged over steps, Switch with 2 or 4
+experts, and Switch-8 with its routers frozen from step 4,000.
 
 32 packed examples per step of 128 input and 29 target positions: at --steps 2400 that is ~12M
 encoder + decoder positions (~23 per dense non-embedding parameter; ~1.7 epochs of the text), of
@@ -46,8 +47,8 @@ import plots  # noqa: E402
 import span_effects  # noqa: E402
 from span_runs import (  # noqa: E402
     ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BATCHED_SCALED, BUDGETS, DENSE_MOMENTUM,
-    EXPERT_MOMENTUM, FEWER, FEWER_EXPERTS, GATE, INPUTS, MOMENTUM, ONE_STACK, RATES, ROUTER, RUNS,
-    SCALED_RATE, TARGETS, WIDE, WIDER, batch_study, batched, rated)
+    EXPERT_MOMENTUM, FEWER, FEWER_EXPERTS, FREEZE_STEP, FROZEN, GATE, INPUTS, MOMENTUM, ONE_STACK,
+    RATES, ROUTER, RUNS, SCALED_RATE, TARGETS, WIDE, WIDER, batch_study, batched, rated)
 
 
 def study(args) -> harness.Study:
@@ -94,6 +95,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
              [], beside_the_pair(result, MOMENTUM + DENSE_MOMENTUM)),
             (f"fewer experts ({', '.join(map(str, FEWER_EXPERTS))}), each more of the tokens, "
              "0.04", [], beside_the_pair(result, FEWER)),
+            (f"routers frozen from step {FREEZE_STEP:,} (frozen{FREEZE_STEP // 1000}k), 0.04",
+             [], beside_the_pair(result, FROZEN)),
             # last: its steps are of 128 examples
             (f"the long pair at {WIDER}x the batch, 3,000 steps, 0.04 and {SCALED_RATE:g}", [],
              ran(BATCHED_LONG + BATCHED_SCALED))):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import harness
 import verdicts
 from span_runs import (
-    BATCH, BATCH_SEEDS, DENSE_MOMENTUM, FEWER, FEWER_EXPERTS, GATE, MOMENTUM, ONE_STACK,
+    BATCH, BATCH_SEEDS, DENSE_MOMENTUM, FEWER, FEWER_EXPERTS, FROZEN, GATE, MOMENTUM, ONE_STACK,
     RATE_GRID, RATES, ROUTER, SCALED_RATE, STACKS, WIDE, WIDER, at_rate, batched, rated)
 from switchzoo import noise
 
@@ -26,6 +26,7 @@ def effects(result: dict) -> dict:
         "gate_effects": gate_effects(result),
         "momentum_effects": momentum_effects(result),
         "experts_effects": experts_effects(result),
+        "frozen_effects": frozen_effects(result),
         # training against held-out loss at 0.04, each Switch run against dense of its seed:
         # does the model with the more parameters fit the text it has seen faster than the rest?
         "train_and_held_out": verdicts.train_and_held_out_pairs(result, [
@@ -229,6 +230,14 @@ def experts_effects(result: dict) -> dict:
         if got:
             out[f"{e}_experts"] = got
     return out
+
+
+def frozen_effects(result: dict) -> dict:
+    """Switch-8 whose routers stop moving at FREEZE_STEP (FROZEN): does it beat Switch-8, and
+    dense?"""
+    return against_the_pair(result, FROZEN, "switch_8_frozen", {
+        "frozen_better_than_switch": ("switch_8_frozen", "switch_8_nojitter"),
+        "frozen_better_than_dense": ("switch_8_frozen", "dense")})
 
 
 def router_effects(result: dict) -> dict:

@@ -1,7 +1,7 @@
 """The runs of experiments/span_claims.py: the span pair, the router changes, the rate grid,
 the one-stack Switch models, the 4x-batch pairs, the wide dense model, the unit gate, the
-momentum runs and Switch with fewer experts, each a harness.Run (which model, which flags,
-which seed, and the run it is compared with)."""
+momentum runs, Switch with fewer experts and Switch with frozen routers, each a harness.Run
+(which model, which flags, which seed, and the run it is compared with)."""
 from __future__ import annotations
 
 import harness
@@ -173,9 +173,29 @@ def fewer(experts: int, seed: int) -> Run:
 
 
 FEWER = [fewer(e, seed) for seed in (0, 1) for e in FEWER_EXPERTS]
+# Is it the routing moving under the experts? One expert trains as dense (tests/
+# test_one_expert.py), so the deficit comes with routing between experts; and Switch loses its
+# ground to dense after ~4,000 steps at every batch. StableMoE (Dai et al. 2022) finds tokens
+# changing expert late in training costs an MoE, and freezes the routing for its second stage:
+# no-jitter Switch-8 at 0.04 whose routers stop moving at step FREEZE_STEP (a token's expert then
+# changes only with its hidden state), for the long pair's steps, each against dense and
+# Switch-8 at 0.04 of its seed; trained only when named
+FREEZE_STEP = 4000
+
+
+def frozen(seed: int) -> Run:
+    """rated(0.04, seed)'s Switch-8 with its routers frozen from FREEZE_STEP, for the long
+    pair's steps."""
+    dense, switch = rated(0.04, seed)
+    return Run(harness.seeded_name(f"switch_8_frozen{FREEZE_STEP // 1000}k_lr0.04", seed),
+               switch.model, switch.flags + (f"--config.router_freeze_step={FREEZE_STEP}",),
+               seed=seed, steps=12000, baseline=dense.name)
+
+
+FROZEN = [frozen(seed) for seed in (0, 1)]
 # the study's runs, in order
 ALL = (RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE + GATE + BATCHED_LONG + MOMENTUM
-       + DENSE_MOMENTUM + FEWER + BATCHED_SCALED)
+       + DENSE_MOMENTUM + FEWER + BATCHED_SCALED + FROZEN)
 
 
 def at_rate(stem: str, rate: float) -> str:

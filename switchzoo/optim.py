@@ -122,6 +122,25 @@ def scale_routers(factor: float) -> optax.GradientTransformation:
     return optax.stateless(scale)
 
 
+def freeze_routers(after: int) -> optax.GradientTransformation:
+    """Zeroes the routers' updates (``.../router/w``, ``.../router/bias``) from step ``after`` on:
+    the routers learn for ``after`` steps and then stay as they are, so a token's expert changes
+    only as its hidden state does (StableMoE's second stage, Dai et al. 2022, with the model's
+    own router frozen where StableMoE freezes a distilled one). Other updates pass as they are."""
+    def init(params):
+        del params
+        return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+    def update(updates, state, params=None):
+        del params
+        live = (state.count < after).astype(jnp.float32)
+        updates = jax.tree_util.tree_map_with_path(
+            lambda p, u: u * live.astype(u.dtype)
+            if path_name(p).endswith(("router/w", "router/bias")) else u, updates)
+        return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
+    return optax.GradientTransformation(init, update)
+
+
 def momentum_of_experts(decay: float, params, dims: dict) -> optax.GradientTransformation:
     """Adafactor's optional first moment on the experts' updates alone: each update of a
     parameter with an 'experts' batch dim (``dims``: {path: logical dims}) replaced by the

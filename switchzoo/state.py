@@ -28,8 +28,9 @@ from switchzoo import pipeline, scanned, transformer, zoo
 from switchzoo.config import ModelConfig
 # The optimizers live in switchzoo.optim; re-exported, as the set-up and its callers use them.
 from switchzoo.optim import (BATCH_DIMS, SCHEDULES, batch_dims, bias_update,  # noqa: F401
-                             linear_rsqrt_schedule, make_optimizer, make_schedule, moment,
-                             momentum_of_experts, per_layer, rsqrt_schedule, scale_routers)
+                             freeze_routers, linear_rsqrt_schedule, make_optimizer,
+                             make_schedule, moment, momentum_of_experts, per_layer,
+                             rsqrt_schedule, scale_routers)
 from switchzoo.paths import path_name      # also state.path_name, as its callers use it
 
 
@@ -185,13 +186,15 @@ def setup(model: str | ModelConfig, layout: str | layout_lib.Layout | None = "da
           mesh: str | jax.sharding.Mesh | None = None, *, devices=None,
           optimizer: str | optax.GradientTransformation | None = None, seed: int = 0,
           update_axis: str | None = None, router_lr_scale: float = 1.0,
-          expert_momentum: float = 0.0) -> Setup:
+          expert_momentum: float = 0.0, router_freeze_step: int = 0) -> Setup:
     """The model (a catalogue name or a ModelConfig) laid out by ``layout`` (a Layout, a preset
     name or a layout string) on ``mesh`` (a Mesh, a mesh spec, or None: the preset's mesh, else
     every device on 'data'). ``optimizer`` (a name or an optax transformation) adds its state;
     ``update_axis`` splits that state further (weight-update sharding); ``router_lr_scale``
     multiplies the routers' updates (scale_routers); ``expert_momentum`` (> 0) averages the
-    experts' updates over steps with that decay (momentum_of_experts). Nothing is allocated."""
+    experts' updates over steps with that decay (momentum_of_experts); ``router_freeze_step``
+    (> 0) stops the routers' updates from that step on (freeze_routers). Nothing is
+    allocated."""
     cfg = zoo.get(model) if isinstance(model, str) else model
     if not isinstance(layout, layout_lib.Layout):
         layout = make_layout(layout, mesh, devices)
@@ -207,6 +210,8 @@ def setup(model: str | ModelConfig, layout: str | layout_lib.Layout | None = "da
             tx = optax.chain(tx, scale_routers(router_lr_scale))
         if expert_momentum:
             tx = optax.chain(tx, momentum_of_experts(expert_momentum, params, dims))
+        if router_freeze_step:
+            tx = optax.chain(tx, freeze_routers(router_freeze_step))
         abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
                               jax.eval_shape(tx.init, params))
     shardings = tree_shardings(layout, abstract, dims, params, update_axis)
@@ -261,6 +266,13 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
     if cfg.moe is None and config.router_learning_rate_scale != 1.0:
         raise ValueError(f"--config.router_learning_rate_scale set for a dense model, which has "
                          "no routers; drop the flag")
+    if cfg.moe is None and config.router_freeze_step:
+        raise ValueError("--config.router_freeze_step set for a dense model, which has no "
+                         "routers; drop the flag")
+    if config.router_freeze_step >= config.num_train_steps:
+        raise ValueError(f"--config.router_freeze_step={config.router_freeze_step} is not "
+                         f"before the run's last step ({config.num_train_steps}): the routers "
+                         "would never freeze; set a step below --config.num_train_steps or 0")
     if config.momentum and config.optimizer != "adafactor":
         raise ValueError(f"--config.momentum is Adafactor's first moment; {config.optimizer} "
                          "keeps its own (b1 0.9): drop the flag or use "
@@ -328,7 +340,8 @@ def setup_run(config, layout: layout_lib.Layout, cfg: ModelConfig,
                  seed=config.seed,
                  update_axis="data" if train and config.shard_optimizer_over_data else None,
                  router_lr_scale=config.router_learning_rate_scale,
-                 expert_momentum=config.expert_momentum)
+                 expert_momentum=config.expert_momentum,
+                 router_freeze_step=config.router_freeze_step)
 
 
 def global_batch_size(config) -> int:

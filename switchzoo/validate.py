@@ -59,6 +59,7 @@ RANGES = {
     "learning_rate": POSITIVE,
     "init_scale": POSITIVE,
     "router_learning_rate_scale": POSITIVE,
+    "router_freeze_step": at_least(0, " (0: never)"),
     "momentum": FRACTION,
     "expert_momentum": FRACTION,
     "weight_decay": at_least(0),

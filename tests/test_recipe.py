@@ -14,7 +14,7 @@ from flax import nnx
 from switchzoo import state as state_lib
 from switchzoo import transformer, zoo
 from switchzoo.config import ModelConfig, MoeConfig
-from switchzoo.configs import c4
+from switchzoo.configs import c4, c4_cpu
 
 # Inputs per output of each weight matrix, from its name and shape alone (the oracle), and the
 # query's extra 1/sqrt(d_kv) (T5 folds the attention scale into the query's init).
@@ -318,6 +318,49 @@ def test_momentum_averages_the_experts_or_every_update(scope):
         jax.tree.leaves(averaged.shardings.opt_state))}
     averages = {k: v for k, v in specs.items() if "ema" in k and k.endswith("layers/1/ffn/wi")}
     assert averages and all(v[0] == "expert" for v in averages.values()), specs
+
+
+def test_frozen_routers_learn_until_their_step_and_then_stay():
+    """--config.router_freeze_step=N (the run's set-up, state.setup_run): the routers' updates
+    are Adafactor's own for steps 0..N-1 and zero from step N on; every other parameter's
+    update is untouched throughout."""
+    cfg = ModelConfig(vocab_size=128, d_model=128, num_heads=2, d_kv=16, d_ff=256,
+                      num_layers=2, moe=MoeConfig(num_experts=8, sparse_every=2))
+    config = c4_cpu.get_config()
+    config.warmup_steps, config.router_freeze_step = 2, 2
+    layout = state_lib.make_layout("data_parallel", "data:1", jax.devices()[:1])
+    frozen = state_lib.setup_run(config, layout, cfg)
+    plain = state_lib.setup(cfg, layout, optimizer=state_lib.run_optimizer(config))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32) * 0.03,
+                          plain.abstract.params)
+    states = [s.tx.init(params) for s in (plain, frozen)]
+    routers = set()
+    for step in range(4):
+        grads = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32),
+                             params)
+        (u, states[0]), (v, states[1]) = (jax.jit(s.tx.update)(grads, st, params)
+                                          for s, st in zip((plain, frozen), states))
+        for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(u), jax.tree.leaves(v)):
+            name = state_lib.path_name(path)
+            if name.endswith("router/w"):
+                routers.add(name)
+                assert np.abs(want).max() > 0, name
+                np.testing.assert_allclose(got, want if step < 2 else 0.0, rtol=1e-6,
+                                           err_msg=f"{name} at step {step}")
+            else:
+                np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=name)
+    assert routers == {"decoder/layers/1/ffn/router/w"}
+
+
+@pytest.mark.parametrize("model, step, problem", [
+    ("dense_sc_cpu", 4000, "set for a dense model"),
+    ("switch_sc_cpu_8", 3000, "would never freeze")])
+def test_router_freeze_step_is_refused_where_it_means_nothing(model, step, problem):
+    config = c4_cpu.get_config()                           # 3,000 steps
+    config.model, config.router_freeze_step = model, step
+    with pytest.raises(ValueError, match=problem):
+        state_lib.run_model_config(config, 1000)
 
 
 @pytest.mark.parametrize("model, optimizer, momentum, problem", [

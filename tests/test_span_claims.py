@@ -403,6 +403,34 @@ def test_switch_with_fewer_experts_changes_only_the_model_and_is_judged_per_expe
                                                          pytest.approx(-0.02)]
 
 
+def test_the_frozen_router_runs_add_only_the_freeze_and_are_judged():
+    """FROZEN is the no-jitter Switch-8 at 0.04 with --config.router_freeze_step=FREEZE_STEP for
+    the long pair's steps; frozen_effects judges it against Switch-8 and dense of its seed."""
+    assert [r.seed for r in span_runs.FROZEN] == [0, 1]
+    for run in span_runs.FROZEN:
+        dense, switch = span_runs.rated(0.04, run.seed)
+        assert run.model == switch.model and run.steps == 12000 and run.baseline == dense.name
+        assert run.flags == switch.flags + (
+            f"--config.router_freeze_step={span_runs.FREEZE_STEP}",)
+        assert 0 < span_runs.FREEZE_STEP < run.steps
+    long, runs = [2000, 12000], {}
+    for seed, d, s, f in ((0, [3.3, 2.72], [3.37, 2.84], [3.36, 2.70]),
+                          (1, [3.46, 2.69], [3.42, 2.82], [3.41, 2.68])):
+        dense, switch = span_runs.rated(0.04, seed)
+        for run, losses in ((dense, d), (switch, s), (span_runs.frozen(seed), f)):
+            runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
+    out = span_effects.frozen_effects({"runs": runs})
+    assert out["at_step"] == 12000
+    assert out["by_seed"][0]["switch_8_frozen_minus_dense"] == [pytest.approx(0.06),
+                                                                 pytest.approx(-0.02)]
+    c = out["frozen_better_than_dense"]
+    assert c["runs"] == ["switch_8_frozen4k_lr0.04", "dense_lr0.04"]
+    assert c["gaps"] == [pytest.approx(0.02), pytest.approx(0.01)]
+    assert out["frozen_better_than_switch"]["verdict"] == "better, beyond noise"
+    del runs["switch_8_frozen4k_lr0.04_s1"]          # one seed: its reference spread, or none
+    assert span_effects.frozen_effects({"runs": runs})["by_seed"].keys() == {0}
+
+
 def test_a_variants_plot_panel_shows_it_beside_the_pair_of_its_own_seed_once():
     ran = ["dense_lr0.04", "switch_8_nojitter_lr0.04", "dense_lr0.04_s1",
            "switch_8_nojitter_lr0.04_s1", "switch_8_dec_nojitter_lr0.04_s1",
