@@ -18,28 +18,22 @@ docs/expert_swap.json).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import pathlib
-import shlex
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import harness  # noqa: E402
-from common import machine  # noqa: E402
-from switchzoo import errors, steps  # noqa: E402
+import workdir_report  # noqa: E402
+from switchzoo import steps  # noqa: E402
 from switchzoo import state as state_lib  # noqa: E402
 
 
-class Bad(Exception):      # a user mistake: one line on stderr, exit status 2
-    pass
+Bad = workdir_report.Bad
 
 
 def rotated(params, dims: dict, k: int, stack: str | None = None):
@@ -92,40 +86,17 @@ def analyse(workdir: pathlib.Path, corpus: pathlib.Path, examples: int) -> dict:
     return out
 
 
+def summary(runs: list[dict]) -> str:
+    return "\n".join(f"{r['workdir']} {r['own']} " + str(
+        {k: v["mean_rise"] for k, v in r["rotated"].items()}) for r in runs)
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workdir", action="append", required=True, type=pathlib.Path)
-    p.add_argument("--corpus", type=pathlib.Path, default=ROOT / "runs" / "corpus")
-    p.add_argument("--examples", type=int, default=200)
-    harness.publish_argument(p)
-    p.add_argument("--json", type=pathlib.Path, help="default: expert_swap.json beside the "
-                   "first --workdir (docs/expert_swap.json with --publish)")
-    args = p.parse_args(argv)
-    args.json = harness.unpublished(args.json or (
-        harness.DOCS if args.publish else args.workdir[0].parent) / "expert_swap.json",
-        args.publish)
-    try:
-        if args.examples < 1:
-            raise Bad(f"--examples {args.examples}: pass a positive count, e.g. 200")
-        runs = [analyse(w, args.corpus, args.examples) for w in args.workdir]
-    except (Bad, FileNotFoundError, ValueError, KeyError) as e:
-        print(f"error: {errors.one_line(e)}", file=sys.stderr)
-        return 2
-    command = shlex.join(["python", "experiments/expert_swap.py",
-                          *(sys.argv[1:] if argv is None else argv)])
-    report = {"command": command, "commit": harness.commit(), "machine": machine(),
-              "examples": args.examples, "runs": runs}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1) + "\n")
-    for r in runs:
-        print(r["workdir"], r["own"], {k: v["mean_rise"] for k, v in r["rotated"].items()})
-    print(f"wrote {args.json}")
-    return 0
+    return workdir_report.run(
+        workdir_report.parser(__doc__, "expert_swap"), argv, "expert_swap",
+        lambda w, args: analyse(w, args.corpus, args.examples), summary,
+        fields=lambda args: {"examples": args.examples})
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if code:
-        os._exit(code)       # as specialisation.py: no restore threads' noise after the line
+    workdir_report.exit_with(main())

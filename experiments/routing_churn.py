@@ -20,11 +20,8 @@ docs/routing_churn.json).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import pathlib
-import shlex
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -36,9 +33,11 @@ from flax import nnx  # noqa: E402
 
 import harness  # noqa: E402
 import specialisation as spec  # noqa: E402
-from common import machine  # noqa: E402  (bench/common.py; specialisation puts bench/ on the path)
-from switchzoo import checkpoints, errors, steps, transformer  # noqa: E402
+import workdir_report  # noqa: E402
+from switchzoo import checkpoints, evaluate, steps, transformer  # noqa: E402
 from switchzoo import state as state_lib  # noqa: E402
+
+Bad = workdir_report.Bad
 
 
 def capture(model, cfg, layout, batch) -> list[tuple[str, np.ndarray]]:
@@ -79,42 +78,53 @@ def newest_steps(workdir: pathlib.Path) -> list[int]:
     finally:
         ckpt.close()
     if len(kept) < 2:
-        raise spec.Bad(f"{workdir} keeps {len(kept)} checkpoint(s); churn needs two (pass "
+        raise Bad(f"{workdir} keeps {len(kept)} checkpoint(s); churn needs two (pass "
                        "--steps A B of steps it keeps, or a run with --config.keep_checkpoints "
                        ">= 2)")
     return kept[-2:]
 
 
-def choices(workdir: pathlib.Path, corpus: pathlib.Path, examples: int, step: int):
-    """(model config, [(stack, experts of every valid position)] per Switch layer) of the
-    checkpoint at ``step`` over the first ``examples`` held-out examples."""
-    config = harness.held_out_config(workdir, corpus, {"data.max_eval_examples": str(examples),
-                                                       "restore_step": str(step)})
-    ds, setup, params, got = harness.restore_held_out(config, workdir)
-    if got != step:
-        raise spec.Bad(f"{workdir} restored step {got} for --steps' {step}; pass steps it keeps")
-    cfg = setup.cfg
-    if cfg.moe is None or cfg.moe.experts_choose(False):
-        raise spec.Bad(f"{workdir} ({config.model}) has no tokens-choose Switch layer; pass a "
-                       "Switch run's workdir")
-    cfg = cfg.replace(scan_layers=False, remat="none")          # layer by layer, no tracing
-    model = nnx.merge(state_lib.abstract_model(cfg)[0], transformer.layers_as(params, cfg))
+def routed(model, cfg, layout, batches) -> list[tuple[str, np.ndarray]]:
+    """[(stack, experts of every valid position over ``batches``)] per Switch layer."""
     parts = None
-    for batch in ds.eval_batches():
-        recs = capture(model, cfg, setup.layout, batch)
+    for batch in batches:
+        recs = capture(model, cfg, layout, batch)
         parts = [[] for _ in recs] if parts is None else parts
-        for part, (stack, experts) in zip(parts, recs):
-            part.append((stack, experts))
-    return cfg, [(p[0][0], np.concatenate([e for _, e in p])) for p in parts]
+        for part, rec in zip(parts, recs):
+            part.append(rec)
+    return [(p[0][0], np.concatenate([e for _, e in p])) for p in parts]
 
 
-def analyse(workdir: pathlib.Path, corpus: pathlib.Path, examples: int,
-            at: list[int] | None) -> dict:
+def choices(workdir: pathlib.Path, corpus: pathlib.Path, examples: int, at: list[int]):
+    """(model config, per step of ``at``: routed()) of the run's checkpoints over its first
+    ``examples`` held-out examples, batched and tokenized once."""
+    config = harness.held_out_config(workdir, corpus, {"data.max_eval_examples": str(examples),
+                                                       "restore_step": str(at[0])})
+    ds, setup, params, _ = harness.restore_held_out(config, workdir)
+    if setup.cfg.moe is None or setup.cfg.moe.experts_choose(False):
+        raise Bad(f"{workdir} ({config.model}) has no tokens-choose Switch layer; pass a "
+                  "Switch run's workdir")
+    cfg = setup.cfg.replace(scan_layers=False, remat="none")    # layer by layer, no tracing
+    graphdef = state_lib.abstract_model(cfg)[0]
+    batches = list(ds.eval_batches())
+    out = []
+    for step in at:
+        if step != at[0]:
+            config.restore_step = step
+            _, params, _ = evaluate.restore_params(config, workdir, setup.layout,
+                                                   ds.tokenizer.vocab_size,
+                                                   ds.tokenizer.num_pieces)
+        model = nnx.merge(graphdef, transformer.layers_as(params, cfg))
+        out.append(routed(model, cfg, setup.layout, batches))
+    return cfg, out
+
+
+def analyse(workdir: pathlib.Path, args) -> dict:
     if not (workdir / "config.json").is_file():
-        raise spec.Bad(f"{workdir} is not a train.py workdir (no config.json); pass a span "
-                       "Switch run's, e.g. runs/span_long_tuned/switch_8_nojitter_lr0.04")
-    at = at or newest_steps(workdir)
-    (cfg, first), (_, second) = (choices(workdir, corpus, examples, s) for s in at)
+        raise Bad(f"{workdir} is not a train.py workdir (no config.json); pass a span "
+                  "Switch run's, e.g. runs/span_long_tuned/switch_8_nojitter_lr0.04")
+    at = args.steps or newest_steps(workdir)
+    cfg, (first, second) = choices(workdir, args.corpus, args.examples, at)
     layers = [{"stack": stack, **churn(a, b, cfg.moe.num_experts)}
               for (stack, a), (_, b) in zip(first, second)]
     return {"workdir": str(workdir), "model": json.loads(
@@ -122,45 +132,22 @@ def analyse(workdir: pathlib.Path, corpus: pathlib.Path, examples: int,
         "num_experts": cfg.moe.num_experts, "layers": layers}
 
 
+def check(args) -> None:
+    if args.steps and args.steps[0] >= args.steps[1]:
+        raise Bad(f"--steps {args.steps[0]} {args.steps[1]}: pass the earlier step first")
+
+
+def summary(runs: list[dict]) -> str:
+    return "\n".join(f"{r['workdir']} {r['steps']} " + str(
+        [(x["stack"], x["changed"], x["chance"]) for x in r["layers"]]) for r in runs)
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workdir", action="append", required=True, type=pathlib.Path)
-    p.add_argument("--corpus", type=pathlib.Path, default=ROOT / "runs" / "corpus")
+    p = workdir_report.parser(__doc__, "routing_churn")
     p.add_argument("--steps", type=int, nargs=2, default=None)
-    p.add_argument("--examples", type=int, default=200)
-    harness.publish_argument(p)
-    p.add_argument("--json", type=pathlib.Path, help="default: routing_churn.json beside the "
-                   "first --workdir (docs/routing_churn.json with --publish)")
-    args = p.parse_args(argv)
-    args.json = harness.unpublished(args.json or (
-        harness.DOCS if args.publish else args.workdir[0].parent) / "routing_churn.json",
-        args.publish)
-    try:
-        if args.examples < 1:
-            raise spec.Bad(f"--examples {args.examples}: pass a positive count, e.g. 200")
-        if args.steps and args.steps[0] >= args.steps[1]:
-            raise spec.Bad(f"--steps {args.steps[0]} {args.steps[1]}: pass the earlier step "
-                           "first")
-        runs = [analyse(w, args.corpus, args.examples, args.steps) for w in args.workdir]
-    except (spec.Bad, FileNotFoundError, ValueError, KeyError) as e:
-        print(f"error: {errors.one_line(e)}", file=sys.stderr)
-        return 2
-    command = shlex.join(["python", "experiments/routing_churn.py",
-                          *(sys.argv[1:] if argv is None else argv)])
-    report = {"command": command, "commit": harness.commit(), "machine": machine(),
-              "examples": args.examples, "runs": runs}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1) + "\n")
-    for r in runs:
-        print(r["workdir"], r["steps"], [(x["stack"], x["changed"], x["chance"])
-                                         for x in r["layers"]])
-    print(f"wrote {args.json}")
-    return 0
+    return workdir_report.run(p, argv, "routing_churn", analyse, summary,
+                              fields=lambda args: {"examples": args.examples}, check=check)
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if code:
-        os._exit(code)       # as specialisation.py: no restore threads' noise after the line
+    workdir_report.exit_with(main())

@@ -28,19 +28,14 @@ over many rare ids is biased upward: read a value against its baseline, not agai
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import inspect
-import json
-import os
 import pathlib
-import shlex
 import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -48,8 +43,8 @@ import sentencepiece as spm  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import harness  # noqa: E402
-from common import machine  # noqa: E402
-from switchzoo import errors, evaluate, moe, routing, steps, transformer  # noqa: E402
+import workdir_report  # noqa: E402
+from switchzoo import evaluate, moe, routing, steps, transformer  # noqa: E402
 from switchzoo import state as state_lib  # noqa: E402
 
 MIN_COUNT = 5          # an id counts for determinism and pieces when seen this often
@@ -57,8 +52,7 @@ SHUFFLES = 5
 PIECES = 8
 
 
-class Bad(Exception):      # a user mistake: one line on stderr, exit status 2
-    pass
+Bad = workdir_report.Bad
 
 
 def switch_layers(cfg) -> list[int]:
@@ -238,39 +232,12 @@ def markdown(runs: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workdir", action="append", required=True, type=pathlib.Path)
-    p.add_argument("--corpus", type=pathlib.Path, default=ROOT / "runs" / "corpus")
-    p.add_argument("--sequences", type=int, default=200)
-    harness.publish_argument(p)
-    p.add_argument("--json", type=pathlib.Path, help="default: specialisation.json beside the "
-                   "first --workdir (docs/specialisation.json with --publish)")
-    args = p.parse_args(argv)
-    args.json = harness.unpublished(args.json or (
-        harness.DOCS if args.publish else args.workdir[0].parent) / "specialisation.json",
-        args.publish)
-    try:
-        if args.sequences < 1:
-            raise Bad(f"--sequences {args.sequences}: pass a positive count, e.g. 200")
-        runs = [analyse(w, args.corpus, args.sequences) for w in args.workdir]
-    except (Bad, FileNotFoundError, ValueError, KeyError) as e:
-        print(f"error: {errors.one_line(e)}", file=sys.stderr)
-        return 2
-    commit = harness.commit()
-    command = shlex.join(["python", "experiments/specialisation.py",
-                          *(sys.argv[1:] if argv is None else argv)])
-    report = {"command": command, "commit": commit, "machine": machine(),
-              "min_count": MIN_COUNT, "shuffles": SHUFFLES, "runs": runs}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    print(markdown(runs))
-    print(f"\nwrote {args.json}")
-    return 0
+    p = workdir_report.parser(__doc__, "specialisation", count="sequences")
+    return workdir_report.run(
+        p, argv, "specialisation", lambda w, args: analyse(w, args.corpus, args.sequences),
+        markdown, count="sequences",
+        fields=lambda args: {"min_count": MIN_COUNT, "shuffles": SHUFFLES})
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if code:
-        os._exit(code)       # as commands.cli.run: no restore threads' teardown noise after the line
+    workdir_report.exit_with(main())

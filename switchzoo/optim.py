@@ -133,9 +133,9 @@ def freeze_routers(after: int) -> optax.GradientTransformation:
 
     def update(updates, state, params=None):
         del params
-        live = (state.count < after).astype(jnp.float32)
+        live = state.count < after
         updates = jax.tree_util.tree_map_with_path(
-            lambda p, u: u * live.astype(u.dtype)
+            lambda p, u: jnp.where(live, u, jnp.zeros_like(u))
             if path_name(p).endswith(("router/w", "router/bias")) else u, updates)
         return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
     return optax.GradientTransformation(init, update)
