@@ -46,7 +46,7 @@ import lm_claims  # noqa: E402
 import plots  # noqa: E402
 import span_effects  # noqa: E402
 from span_runs import (  # noqa: E402
-    ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BATCHED_SCALED, BUDGETS, DENSE_MOMENTUM,
+    ALL, BATCH, BATCH_SEEDS, BATCHED, BATCHED_LONG, BATCHED_SCALED, BIAS, BUDGETS, DENSE_MOMENTUM,
     EXPERT_MOMENTUM, FEWER, FEWER_EXPERTS, FREEZE_STEP, FROZEN, GATE, INPUTS, MOMENTUM, ONE_STACK,
     RATES, ROUTER, RUNS, SCALED_RATE, TARGETS, WIDE, WIDER, batch_study, batched, rated)
 
@@ -97,6 +97,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
              "0.04", [], beside_the_pair(result, FEWER)),
             (f"routers frozen from step {FREEZE_STEP:,} (frozen{FREEZE_STEP // 1000}k), 0.04",
              [], beside_the_pair(result, FROZEN)),
+            ("balanced by a bias on the choice, no auxiliary loss (bias), 0.04", [],
+             beside_the_pair(result, BIAS)),
             # last: its steps are of 128 examples
             (f"the long pair at {WIDER}x the batch, 3,000 steps, 0.04 and {SCALED_RATE:g}", [],
              ran(BATCHED_LONG + BATCHED_SCALED))):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import harness
 import verdicts
 from span_runs import (
-    BATCH, BATCH_SEEDS, DENSE_MOMENTUM, FEWER, FEWER_EXPERTS, FROZEN, GATE, MOMENTUM, ONE_STACK,
-    RATE_GRID, RATES, ROUTER, SCALED_RATE, STACKS, WIDE, WIDER, at_rate, batched, rated)
+    BATCH, BATCH_SEEDS, BIAS, DENSE_MOMENTUM, FEWER, FEWER_EXPERTS, FROZEN, GATE, MOMENTUM,
+    ONE_STACK, RATE_GRID, RATES, ROUTER, SCALED_RATE, STACKS, WIDE, WIDER, at_rate, batched, rated)
 from switchzoo import noise
 
 
@@ -27,6 +27,7 @@ def effects(result: dict) -> dict:
         "momentum_effects": momentum_effects(result),
         "experts_effects": experts_effects(result),
         "frozen_effects": frozen_effects(result),
+        "bias_effects": bias_effects(result),
         # training against held-out loss at 0.04, each Switch run against dense of its seed:
         # does the model with the more parameters fit the text it has seen faster than the rest?
         "train_and_held_out": verdicts.train_and_held_out_pairs(result, [
@@ -238,6 +239,14 @@ def frozen_effects(result: dict) -> dict:
     return against_the_pair(result, FROZEN, "switch_8_frozen", {
         "frozen_better_than_switch": ("switch_8_frozen", "switch_8_nojitter"),
         "frozen_better_than_dense": ("switch_8_frozen", "dense")})
+
+
+def bias_effects(result: dict) -> dict:
+    """Switch-8 balanced by a bias on the choice, with no auxiliary loss (BIAS): does it beat
+    Switch-8, and dense?"""
+    return against_the_pair(result, BIAS, "switch_8_bias", {
+        "bias_better_than_switch": ("switch_8_bias", "switch_8_nojitter"),
+        "bias_better_than_dense": ("switch_8_bias", "dense")})
 
 
 def router_effects(result: dict) -> dict:

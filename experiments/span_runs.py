@@ -1,7 +1,8 @@
 """The runs of experiments/span_claims.py: the span pair, the router changes, the rate grid,
 the one-stack Switch models, the 4x-batch pairs, the wide dense model, the unit gate, the
-momentum runs, Switch with fewer experts and Switch with frozen routers, each a harness.Run
-(which model, which flags, which seed, and the run it is compared with)."""
+momentum runs, Switch with fewer experts, Switch with frozen routers and Switch balanced
+without an auxiliary loss, each a harness.Run (which model, which flags, which seed, and the
+run it is compared with)."""
 from __future__ import annotations
 
 import harness
@@ -193,9 +194,31 @@ def frozen(seed: int) -> Run:
 
 
 FROZEN = [frozen(seed) for seed in (0, 1)]
+# Is it the load-balancing loss? One expert trains as dense, and for one expert the auxiliary
+# loss is a constant with no gradient; from two experts on its gradient reaches the router and,
+# through the router's input, every layer beneath it. In the encoder the task's gradient
+# arrives only through cross-attention from ~29 targets while the auxiliary loss's comes from
+# every one of the 128 inputs, and Adafactor scales each update by the gradient's recent size,
+# so as the task's gradient shrinks late in training the balancing term's share of the lower
+# layers' steps grows. DeepSeek-V3's auxiliary-loss-free balancing (moe.balance='bias': a
+# per-expert bias on the choice, moved outside the gradient) keeps the loads even with no such
+# term: no-jitter Switch-8 at 0.04 so balanced, for the long pair's steps, each against dense
+# and Switch-8 at 0.04 of its seed; trained only when named
+
+
+def bias_balanced(seed: int) -> Run:
+    """rated(0.04, seed)'s Switch-8 balanced by a bias on the choice, with no auxiliary loss,
+    for the long pair's steps."""
+    dense, switch = rated(0.04, seed)
+    return Run(harness.seeded_name("switch_8_bias_lr0.04", seed), switch.model,
+               switch.flags + ("--config.moe.balance=bias",), seed=seed, steps=12000,
+               baseline=dense.name)
+
+
+BIAS = [bias_balanced(seed) for seed in (0, 1)]
 # the study's runs, in order
 ALL = (RUNS + ROUTER + RATES + ONE_STACK + BATCHED + WIDE + GATE + BATCHED_LONG + MOMENTUM
-       + DENSE_MOMENTUM + FEWER + BATCHED_SCALED + FROZEN)
+       + DENSE_MOMENTUM + FEWER + BATCHED_SCALED + FROZEN + BIAS)
 
 
 def at_rate(stem: str, rate: float) -> str:

@@ -431,6 +431,35 @@ def test_the_frozen_router_runs_add_only_the_freeze_and_are_judged():
     assert span_effects.frozen_effects({"runs": runs})["by_seed"].keys() == {0}
 
 
+def test_the_bias_balanced_runs_drop_only_the_auxiliary_loss_and_are_judged():
+    """BIAS is the no-jitter Switch-8 at 0.04 balanced by DeepSeek-V3's bias (no auxiliary loss)
+    for the long pair's steps (that the step then trains without the loss:
+    tests/test_routing_family.py); bias_effects judges it against Switch-8 and dense of its
+    seed."""
+    assert [r.seed for r in span_runs.BIAS] == [0, 1]
+    for run in span_runs.BIAS:
+        dense, switch = span_runs.rated(0.04, run.seed)
+        assert run.model == switch.model and run.steps == 12000 and run.baseline == dense.name
+        assert run.flags == switch.flags + ("--config.moe.balance=bias",)
+    long, runs = [2000, 12000], {}
+    for seed, d, s, b in ((0, [3.3, 2.72], [3.37, 2.84], [3.40, 2.80]),
+                          (1, [3.46, 2.69], [3.42, 2.82], [3.43, 2.79])):
+        dense, switch = span_runs.rated(0.04, seed)
+        for run, losses in ((dense, d), (switch, s), (span_runs.bias_balanced(seed), b)):
+            runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
+    out = span_effects.bias_effects({"runs": runs})
+    assert out["at_step"] == 12000
+    assert out["by_seed"][1]["switch_8_bias_minus_dense"] == [pytest.approx(-0.03),
+                                                              pytest.approx(0.10)]
+    c = out["bias_better_than_switch"]
+    assert c["runs"] == ["switch_8_bias_lr0.04", "switch_8_nojitter_lr0.04"]
+    assert c["gaps"] == [pytest.approx(0.04), pytest.approx(0.03)]
+    assert c["verdict"] == "better, beyond noise"
+    assert out["bias_better_than_dense"]["verdict"].startswith("worse")
+    del runs["dense_lr0.04_s1"]                      # seed 1 without its dense: seed 0 alone
+    assert span_effects.bias_effects({"runs": runs})["by_seed"].keys() == {0}
+
+
 def test_a_variants_plot_panel_shows_it_beside_the_pair_of_its_own_seed_once():
     ran = ["dense_lr0.04", "switch_8_nojitter_lr0.04", "dense_lr0.04_s1",
            "switch_8_nojitter_lr0.04_s1", "switch_8_dec_nojitter_lr0.04_s1",
