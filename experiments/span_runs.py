@@ -200,10 +200,11 @@ FROZEN = [frozen(seed) for seed in (0, 1)]
 # arrives only through cross-attention from ~29 targets while the auxiliary loss's comes from
 # every one of the 128 inputs, and Adafactor scales each update by the gradient's recent size,
 # so as the task's gradient shrinks late in training the balancing term's share of the lower
-# layers' steps grows. DeepSeek-V3's auxiliary-loss-free balancing (moe.balance='bias': a
+# layers' steps could grow. DeepSeek-V3's auxiliary-loss-free balancing (moe.balance='bias': a
 # per-expert bias on the choice, moved outside the gradient) keeps the loads even with no such
 # term: no-jitter Switch-8 at 0.04 so balanced, for the long pair's steps, each against dense
-# and Switch-8 at 0.04 of its seed; trained only when named
+# and Switch-8 at 0.04 of its seed; trained only when named (it ends level with Switch-8:
+# docs/experiments.md)
 
 
 def bias_balanced(seed: int) -> Run:
