@@ -75,13 +75,19 @@ WIDE = [Run(harness.seeded_name("dense_wide_lr0.04", seed), "dense_sc_cpu_wide",
 # straight_through_steps=-1: the renormalised top-1 gate is 1, differentiated as the raw
 # probability, so the router learns as Switch's does and each expert's output is unscaled);
 # each against dense and no-jitter Switch-8 at 0.04 of its seed; trained only when named
+def long_switch(name: str, seed: int, *flags: str, model: str | None = None) -> Run:
+    """rated(0.04, seed)'s no-jitter Switch-8 (or ``model``) with ``flags`` added, named ``name``
+    at ``seed``, for the long pair's 12,000 steps, compared with dense at 0.04 of its seed: the
+    shape of every long variant of Switch."""
+    dense, switch = rated(0.04, seed)
+    return Run(harness.seeded_name(name, seed), model or switch.model, switch.flags + flags,
+               seed=seed, steps=12000, baseline=dense.name)
+
+
 def unit_gate(seed: int) -> Run:
     """rated(0.04, seed)'s Switch-8 with the gate's value held at 1, for the long pair's steps."""
-    dense, switch = rated(0.04, seed)
-    return Run(harness.seeded_name("switch_8_unitgate_lr0.04", seed), switch.model,
-               switch.flags + ("--config.moe.gates_sum_to_one=true",
-                               "--config.moe.straight_through_steps=-1"),
-               seed=seed, steps=12000, baseline=dense.name)
+    return long_switch("switch_8_unitgate_lr0.04", seed, "--config.moe.gates_sum_to_one=true",
+                       "--config.moe.straight_through_steps=-1")
 
 
 GATE = [unit_gate(seed) for seed in (0, 1)]
@@ -167,10 +173,8 @@ FEWER_EXPERTS = (2, 4)
 
 def fewer(experts: int, seed: int) -> Run:
     """rated(0.04, seed)'s no-jitter Switch with ``experts`` experts, for the long pair's steps."""
-    dense, switch = rated(0.04, seed)
-    return Run(harness.seeded_name(f"switch_{experts}_nojitter_lr0.04", seed),
-               f"switch_sc_cpu_{experts}", switch.flags, seed=seed, steps=12000,
-               baseline=dense.name)
+    return long_switch(f"switch_{experts}_nojitter_lr0.04", seed,
+                       model=f"switch_sc_cpu_{experts}")
 
 
 FEWER = [fewer(e, seed) for seed in (0, 1) for e in FEWER_EXPERTS]
@@ -187,10 +191,8 @@ FREEZE_STEP = 4000
 def frozen(seed: int) -> Run:
     """rated(0.04, seed)'s Switch-8 with its routers frozen from FREEZE_STEP, for the long
     pair's steps."""
-    dense, switch = rated(0.04, seed)
-    return Run(harness.seeded_name(f"switch_8_frozen{FREEZE_STEP // 1000}k_lr0.04", seed),
-               switch.model, switch.flags + (f"--config.router_freeze_step={FREEZE_STEP}",),
-               seed=seed, steps=12000, baseline=dense.name)
+    return long_switch(f"switch_8_frozen{FREEZE_STEP // 1000}k_lr0.04", seed,
+                       f"--config.router_freeze_step={FREEZE_STEP}")
 
 
 FROZEN = [frozen(seed) for seed in (0, 1)]
@@ -210,10 +212,7 @@ FROZEN = [frozen(seed) for seed in (0, 1)]
 def bias_balanced(seed: int) -> Run:
     """rated(0.04, seed)'s Switch-8 balanced by a bias on the choice, with no auxiliary loss,
     for the long pair's steps."""
-    dense, switch = rated(0.04, seed)
-    return Run(harness.seeded_name("switch_8_bias_lr0.04", seed), switch.model,
-               switch.flags + ("--config.moe.balance=bias",), seed=seed, steps=12000,
-               baseline=dense.name)
+    return long_switch("switch_8_bias_lr0.04", seed, "--config.moe.balance=bias")
 
 
 BIAS = [bias_balanced(seed) for seed in (0, 1)]

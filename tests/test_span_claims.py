@@ -15,6 +15,21 @@ import span_claims  # noqa: E402
 import span_effects  # noqa: E402
 import span_runs  # noqa: E402
 
+LONG = [2000, 12000]         # the evaluations of the long pair's variants in these tests
+# dense and no-jitter Switch-8 at 0.04 at LONG, by seed: the pair each long variant is read by
+PAIR = {0: ([3.3, 2.72], [3.37, 2.84]), 1: ([3.46, 2.69], [3.42, 2.82])}
+
+
+def beside_the_pair(variant, losses: dict) -> dict:
+    """Run summaries of dense and Switch-8 at 0.04 (PAIR) and of ``variant(seed)`` at
+    ``losses[seed]``, for each seed of ``losses``, all evaluated at LONG."""
+    runs = {}
+    for seed, mine in losses.items():
+        runs_of_seed = (*span_runs.rated(0.04, seed), variant(seed))
+        for run, got in zip(runs_of_seed, (*PAIR[seed], mine)):
+            runs[run.name] = summary(LONG, got, seed=seed, model=run.model, flags=run.flags)
+    return runs
+
 
 def test_span_router_effects_compare_each_change_with_switch_8_and_dense():
     steps = [1200, 2400]
@@ -322,13 +337,7 @@ def test_the_unit_gate_runs_hold_the_gate_at_one_and_are_judged_against_switch_a
         assert run.flags[:2] == span_runs.rated(0.04, seed)[1].flags and run.steps == 12000
         assert {"--config.moe.gates_sum_to_one=true",
                 "--config.moe.straight_through_steps=-1"} <= set(run.flags)
-    long = [2000, 12000]
-    runs = {}
-    for seed, d, s, g in ((0, [3.3, 2.72], [3.37, 2.84], [3.35, 2.78]),
-                          (1, [3.46, 2.69], [3.42, 2.82], [3.40, 2.75])):
-        dense, switch = span_runs.rated(0.04, seed)
-        for run, losses in ((dense, d), (switch, s), (gate[seed], g)):
-            runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
+    runs = beside_the_pair(gate.get, {0: [3.35, 2.78], 1: [3.40, 2.75]})
     out = span_effects.gate_effects({"runs": runs})
     assert out["at_step"] == 12000
     assert out["by_seed"][1]["switch_8_unitgate_minus_dense"] == [
@@ -348,12 +357,7 @@ def test_the_expert_momentum_runs_change_only_the_experts_optimizer_and_are_judg
         assert run.flags == switch.flags + (
             f"--config.expert_momentum={span_runs.EXPERT_MOMENTUM:g}",)
         assert run.steps == 12000 and run.baseline == span_runs.rated(0.04, run.seed)[0].name
-    long, runs = [2000, 12000], {}
-    for seed, d, s, m in ((0, [3.3, 2.72], [3.37, 2.84], [3.31, 2.70]),
-                          (1, [3.46, 2.69], [3.42, 2.82], [3.40, 2.67])):
-        dense, switch = span_runs.rated(0.04, seed)
-        for run, losses in ((dense, d), (switch, s), (span_runs.MOMENTUM[seed], m)):
-            runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
+    runs = beside_the_pair(span_runs.averaged, {0: [3.31, 2.70], 1: [3.40, 2.67]})
     out = span_effects.momentum_effects({"runs": runs})
     c = out["expert_momentum_better_than_dense"]
     assert c["runs"] == ["switch_8_expmom_lr0.04", "dense_lr0.04"]
@@ -366,7 +370,7 @@ def test_the_expert_momentum_runs_change_only_the_experts_optimizer_and_are_judg
         assert run.flags == dense.flags + (
             f"--config.momentum={span_runs.EXPERT_MOMENTUM:g}",) and run.baseline == dense.name
     control = span_runs.DENSE_MOMENTUM[0]
-    runs[control.name] = summary(long, [3.28, 2.73], seed=0, model=control.model,
+    runs[control.name] = summary(LONG, [3.28, 2.73], seed=0, model=control.model,
                                  flags=control.flags)
     c = span_effects.momentum_effects({"runs": runs})["dense_momentum"]
     assert c["by_seed"][0]["dense_mom_minus_dense"] == [pytest.approx(-0.02), pytest.approx(0.01)]
@@ -386,12 +390,8 @@ def test_switch_with_fewer_experts_changes_only_the_model_and_is_judged_per_expe
         assert zoo.flops_per_token(run.model) == pytest.approx(
             zoo.flops_per_token(switch.model), rel=1e-3)
     assert {zoo.get(r.model).moe.num_experts for r in span_runs.FEWER} == {2, 4}
-    long, runs = [2000, 12000], {}
-    for seed, d, s, two in ((0, [3.3, 2.72], [3.37, 2.84], [3.31, 2.73]),
-                            (1, [3.46, 2.69], [3.42, 2.82], [3.40, 2.71])):
-        dense, switch = span_runs.rated(0.04, seed)
-        for run, losses in ((dense, d), (switch, s), (span_runs.fewer(2, seed), two)):
-            runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
+    runs = beside_the_pair(lambda seed: span_runs.fewer(2, seed),
+                           {0: [3.31, 2.73], 1: [3.40, 2.71]})
     out = span_effects.experts_effects({"runs": runs})
     assert set(out) == {"2_experts"}                     # the 4-expert runs did not run
     two = out["2_experts"]
@@ -413,12 +413,7 @@ def test_the_frozen_router_runs_add_only_the_freeze_and_are_judged():
         assert run.flags == switch.flags + (
             f"--config.router_freeze_step={span_runs.FREEZE_STEP}",)
         assert 0 < span_runs.FREEZE_STEP < run.steps
-    long, runs = [2000, 12000], {}
-    for seed, d, s, f in ((0, [3.3, 2.72], [3.37, 2.84], [3.36, 2.70]),
-                          (1, [3.46, 2.69], [3.42, 2.82], [3.41, 2.68])):
-        dense, switch = span_runs.rated(0.04, seed)
-        for run, losses in ((dense, d), (switch, s), (span_runs.frozen(seed), f)):
-            runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
+    runs = beside_the_pair(span_runs.frozen, {0: [3.36, 2.70], 1: [3.41, 2.68]})
     out = span_effects.frozen_effects({"runs": runs})
     assert out["at_step"] == 12000
     assert out["by_seed"][0]["switch_8_frozen_minus_dense"] == [pytest.approx(0.06),
@@ -441,12 +436,7 @@ def test_the_bias_balanced_runs_drop_only_the_auxiliary_loss_and_are_judged():
         dense, switch = span_runs.rated(0.04, run.seed)
         assert run.model == switch.model and run.steps == 12000 and run.baseline == dense.name
         assert run.flags == switch.flags + ("--config.moe.balance=bias",)
-    long, runs = [2000, 12000], {}
-    for seed, d, s, b in ((0, [3.3, 2.72], [3.37, 2.84], [3.40, 2.80]),
-                          (1, [3.46, 2.69], [3.42, 2.82], [3.43, 2.79])):
-        dense, switch = span_runs.rated(0.04, seed)
-        for run, losses in ((dense, d), (switch, s), (span_runs.bias_balanced(seed), b)):
-            runs[run.name] = summary(long, losses, seed=seed, model=run.model, flags=run.flags)
+    runs = beside_the_pair(span_runs.bias_balanced, {0: [3.40, 2.80], 1: [3.43, 2.79]})
     out = span_effects.bias_effects({"runs": runs})
     assert out["at_step"] == 12000
     assert out["by_seed"][1]["switch_8_bias_minus_dense"] == [pytest.approx(-0.03),
