@@ -145,6 +145,30 @@ def test_lm_claims_judge_every_comparison_by_the_one_rule():
                                                       "switch_8": [0.02, 0.03]}
 
 
+def test_lm_claims_second_seeds_repeat_their_seed_0_runs_and_are_judged_paired():
+    """Each _s1 run of lm_claims.SECOND_SEEDS is its seed-0 run at seed 1 against dense_s1, and
+    with both seeds an ordering that read one seed (against the reference spread) is paired."""
+    runs = {r.name: r for r in lm_claims.RUNS}
+    for name in lm_claims.SECOND_SEEDS:
+        a, b = runs[name], runs[name + "_s1"]
+        assert (b.model, b.flags, b.seed, b.baseline) == (a.model, a.flags, 1, "dense_s1")
+    result = lm_result()
+    before = lm_claims.claims(result)["switch_beats_dense_every_capacity"]["by_row"]["top2_8"]
+    assert before["seeds"] == [0] and before["noise_from"] == "reference"
+    top2 = ("--config.moe.top_k=2",)
+    result["runs"]["top2_8_s1"] = summary([100, 200], [4.98, 4.48], 1, "switch_lm_cpu_8",
+                                          "dense_s1", top2, True)
+    result["runs"]["dense_wide_s1"] = summary([100, 200], [5.0, 4.50], 1, "dense_lm_cpu_wide",
+                                              "dense_s1", (), True)
+    verdicts.against_baselines(result["runs"])
+    c = lm_claims.claims(result)
+    row = c["switch_beats_dense_every_capacity"]["by_row"]["top2_8"]
+    assert row["seeds"] == [0, 1] and row["gaps"] == [0.15, 0.14]   # 4.60 - 4.45, 4.62 - 4.48
+    assert row["noise_from"] == "paired" and row["margin"] == 0.145 and row["noise"] == 0.01
+    wide = c["dense_upper_bound"]["against_dense_wide"]["switch_8"]
+    assert wide["seeds"] == [0, 1] and wide["gaps"] == [-0.02, -0.04]  # 4.48 - 4.50, 4.50 - 4.54
+
+
 def test_rejudge_recomputes_the_verdicts_of_the_script_that_wrote_the_result():
     old = {**lm_result(), "command": "python experiments/span_claims.py --out runs/span",
            "claims": {"switch_8_beyond_noise": {"holds": False, "seed_spread": 0.04}}}
