@@ -229,13 +229,13 @@ def claims(result: dict) -> dict:
 
 
 def plot(result: dict, path: pathlib.Path) -> None:
+    experts = ["dense", "switch_8", "switch_16", "switch_32", "top2_8", "dense_wide"]
+    capacity = ["dense", "switch_8_cf1.0", "switch_8_cf2.0", "top2_8_cf1.0", "top2_8_cf2.0"]
     harness.plot_curves(result, path, {
-        "experts at dense FLOPs (seed 0) and bounds": ["dense", "switch_8", "switch_16",
-                                                        "switch_32", "top2_8", "dense_wide",
-                                                        "switch_8_every"],
-        "seeds and capacity factors": ["dense", "dense_s1", "switch_8", "switch_8_s1",
-                                       "switch_8_cf1.0", "switch_8_cf2.0", "top2_8_cf1.0",
-                                       "top2_8_cf2.0"],
+        "experts at dense FLOPs and bounds, seed 0": experts + ["switch_8_every"],
+        "the same, seed 1": [harness.seeded_name(n, 1) for n in experts],
+        "capacity factors, seed 0": capacity,
+        "capacity factors, seed 1": [harness.seeded_name(n, 1) for n in capacity],
         "twice the budget (continued)": ["dense_long", "switch_8_long"]})
 
 

@@ -57,7 +57,10 @@ def compare(a: Mapping[int, float], b: Mapping[int, float], ref: float | None = 
     out.update(gaps=[round(g, 4) for g in gaps], margin=round(margin, 4), better=margin > 0)
     if noise is None:
         return out
-    out.update(noise=round(noise, 4), noise_from=source,
+    # the values are recorded to 4 decimals: a spread below that (two equal gaps) is no
+    # measurement of noise finer than it, so the ratio is left out rather than ~1e14
+    noise = round(noise, 4)
+    out.update(noise=noise, noise_from=source,
                ratio=round(abs(margin) / noise, 1) if noise > 0 else None,
                beyond_noise=abs(margin) > NOISE * noise)
     return out

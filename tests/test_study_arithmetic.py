@@ -89,6 +89,11 @@ def test_the_noise_rule_judges_same_seed_gaps_like_for_like():
     assert noise.compare({0: 1.0}, {0: 1.5})["beyond_noise"] is None      # nothing to judge by
     assert noise.verdict(noise.compare({0: 1.0}, {1: 1.5})) == "untested (no common seed)"
     assert noise.compare({0: 2.0}, {0: 1.0}, ref=0.1, higher_is_better=True)["margin"] == 1.0
+    # two equal gaps (lm_claims' top2_8_cf2.0 against dense): no noise at the 4 decimals the
+    # losses carry, so no ratio (float residue gave ~1e14), and the gap is beyond it
+    equal = noise.compare({0: 4.4974, 1: 4.4862}, {0: 4.6264, 1: 4.6152})
+    assert equal["gaps"] == [0.129, 0.129] and equal["noise"] == 0.0
+    assert equal["ratio"] is None and equal["beyond_noise"] is True
     assert noise.reference({"a": {0: 1.0, 1: 1.3}, "b": {0: 2.0, 1: 2.1}, "c": {0: 9.0}}) \
         == pytest.approx(0.3)
 
