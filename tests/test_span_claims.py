@@ -90,6 +90,9 @@ def test_span_rate_effects_pair_no_jitter_switch_with_dense_of_its_rate_and_seed
     assert names["switch_8_nojitter_lr0.02_s1"].baseline == "dense_lr0.02_s1"
     assert names["switch_8_nojitter_lr0.02_s1"].flags == ("--config.learning_rate=0.02",
                                                           "--config.moe.jitter=0")
+    # the long pair's fourth seed at each model's best rate can run by name
+    assert names["switch_8_nojitter_lr0.08_s3"].baseline == "dense_lr0.08_s3"
+    assert "dense_lr0.04_s3" in names
 
 
 def test_span_stack_effects_judge_the_dense_encoder_switch_against_dense_and_switch_8():
