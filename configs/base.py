@@ -3,13 +3,14 @@
 import ml_collections
 from ml_collections import config_dict
 
-from switchzoo import data
+from switchzoo import data, tasks
 
 
 def get_base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.model = "switch_base_tiny"          # a catalogue name (python -m switchzoo.zoo)
-    c.task = "translation"                # translation, span_corruption (encoder-decoder); lm
+    c.task = "translation"                # translation, span_corruption, text2text (a downstream
+                                          # task: finetune.*; encoder-decoder); lm
     c.layout = "data_parallel"            # a preset in layouts/ or a layout string
     c.mesh = ""                           # empty: the preset's mesh
     c.seed = 0
@@ -68,6 +69,7 @@ def get_base() -> ml_collections.ConfigDict:
     c.moe.train_capacity_factor = config_dict.placeholder(float)
     c.moe.eval_capacity_factor = config_dict.placeholder(float)
     c.moe.group_size = config_dict.placeholder(int)
+    c.moe.eval_groups = config_dict.placeholder(str)   # "sequence" (each example alone) | "train"
     c.moe.dispatch = config_dict.placeholder(str)  # "auto" | "index" | "einsum" | "dropless"
     c.moe.grouped_matmul = config_dict.placeholder(str)   # dropless: auto | blocks | ragged_dot
     c.moe.block_size = config_dict.placeholder(int)
@@ -84,6 +86,7 @@ def get_base() -> ml_collections.ConfigDict:
     c.moe.gates_sum_to_one = config_dict.placeholder(bool)  # upcycling's renormalised gates
     c.moe.straight_through_steps = config_dict.placeholder(int)  # 0 off, N first N, -1 all
     c.data = data.default_config()
+    c.finetune = tasks.default_config()   # task=text2text: the downstream task (configs/finetune.py)
     c.eval = ml_collections.ConfigDict()
     c.eval.num_beams = 4
     c.eval.length_penalty = 0.6

@@ -8,13 +8,15 @@
 from __future__ import annotations
 
 import functools
+import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from switchzoo import hf
+from switchzoo import hf, weights
+from switchzoo import t5x  # T5X checkpoints dispatch (switchzoo.t5x)
 from switchzoo import layout as layout_lib
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig
@@ -116,12 +118,28 @@ def init(model: str | ModelConfig, seed: int = 0, mesh=None, layout=None) -> Mod
 def from_pretrained(path, mesh=None, layout=None) -> Model:
     """Loads a Hugging Face SwitchTransformers directory onto ``mesh`` under ``layout``. Its
     routing losses take transformers' convention (switchzoo.hf's module doc): the config's
-    router coefficients weigh each stack's mean over its Switch layers, not their sum."""
-    pretrained = hf.read_config(path)
+    router coefficients weigh each stack's mean over its Switch layers, not their sum.
+
+    A switchzoo run's workdir loads too: a fine-tune's best checkpoint (workdir/best/) where
+    it has one, else its newest; its tokenizer travels as spiece.model (save_pretrained
+    writes it beside the weights)."""
+    path = pathlib.Path(path).expanduser()
+    if (path / "checkpoints").is_dir() or (path / weights.BEST_DIR / "checkpoints").is_dir():
+        return _from_run(path, mesh, layout)
+    pretrained = t5x.read_any(path)     # a Hugging Face directory or a T5X checkpoint
     setup = state_lib.setup(pretrained.cfg, layout, mesh)
     params, facts = hf.load_params(pretrained, setup)
     return Model(setup.cfg, setup.graphdef, params, setup.layout, pretrained.hf_config, facts,
                  hf.read_tokenizer(path))
+
+
+def _from_run(path: pathlib.Path, mesh, layout) -> Model:
+    best = path / weights.BEST_DIR
+    origin = weights.resolve(best if (best / "checkpoints").is_dir() else path)
+    setup = state_lib.setup(origin.cfg, layout, mesh)
+    vocab = weights.run_tokenizer(path)
+    return Model(setup.cfg, setup.graphdef, origin.load(setup), setup.layout,
+                 tokenizer={"spiece.model": vocab.read_bytes()} if vocab.is_file() else None)
 
 
 def as_numpy(x) -> np.ndarray:

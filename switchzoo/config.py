@@ -30,6 +30,11 @@ class MoeConfig:
     top_k: int = 1                       # 1: Switch; 2: GShard top-2
     normalize_top_k: bool = True         # top-k gates renormalised to sum to one (k > 1)
     group_size: int = 1024               # tokens routed together (0: one group per sequence)
+    # Evaluation and generation: "sequence" routes each sequence as its own group, so that an
+    # example's output never depends on the others in its batch (nor on the batch size);
+    # "train": groups of group_size as in training (a token may be dropped because of its
+    # neighbours). A sequence's capacity follows its padded length.
+    eval_groups: str = "sequence"
     expert_capacity: int | None = None   # fixed slots per expert per group (Hugging Face
                                          # checkpoints); overrides the capacity factors
     train_capacity_factor: float = 1.25
@@ -88,6 +93,9 @@ class MoeConfig:
         if min(self.train_capacity_factor, self.eval_capacity_factor) <= 0:
             raise ValueError("moe capacity factors must be positive (e.g. 1.25 for training, "
                              "2.0 for evaluation)")
+        if self.eval_groups not in ("sequence", "train"):
+            raise ValueError(f"moe.eval_groups={self.eval_groups!r}: use 'sequence' (each "
+                             "example routed alone at evaluation) or 'train' (moe.group_size)")
         if self.dispatch not in ("auto", "einsum", "dropless", "index"):
             raise ValueError(f"moe.dispatch={self.dispatch!r}: use 'index' (capacity slots, "
                              "gathered), 'einsum' (capacity slots, one-hot masks), 'dropless' "

@@ -75,7 +75,8 @@ def batch_shapes(config, batch: int) -> dict:
     from switchzoo.data import pipeline
     T = (span_corruption.lengths(config.max_length, config.data.noise_density,
                                  config.data.mean_noise_span_length)[1]
-         if config.task == "span_corruption" else config.max_length)
+         if config.task == "span_corruption" else
+         config.finetune.target_length or config.max_length)
     one = {"inputs": np.ones(1, np.int32), "targets": np.ones(1, np.int32)}
     words = [1] if config.task == "lm" else None
     fields = next(pipeline.eval_batches([one], config.task, batch, config.max_length, words, T))

@@ -6,14 +6,15 @@ Running the model lives here; the scores themselves (BLEU, perplexities, results
 pure functions in switchzoo.scores."""
 from __future__ import annotations
 
+import json
 import pathlib
 
 import jax
 import ml_collections
 import numpy as np
 
-from switchzoo import (api, atomic, checkpoints, data, hosts, machine, record, resume, scores,
-                       steps, validate, weights)
+from switchzoo import (api, atomic, checkpoints, data, finetune, hosts, machine, record, resume,
+                       scores, steps, validate, weights)
 from switchzoo import state as state_lib
 from switchzoo import workdir as workdir_lib
 from switchzoo.config import ModelConfig
@@ -26,7 +27,9 @@ MODEL_FILE = weights.MODEL_FILE      # the run's resolved model, written by the 
 EVAL_OVERRIDES = ("eval.", "data.eval_files", "data.eval_split", "data.max_eval_examples",
                   "data.tfds_data_dir", "data.locale_dir", "data.info_dir",
                   "per_device_batch_size", "layout", "mesh", "dtype", "moe.eval_capacity_factor",
-                  "moe.dispatch", "moe.grouped_matmul", "moe.block_size", "restore_step")
+                  "moe.dispatch", "moe.grouped_matmul", "moe.block_size", "moe.eval_groups",
+                  "restore_step", "finetune.eval_split", "finetune.data_dir",
+                  "finetune.eval_files")
 
 
 def load_config(workdir: pathlib.Path,
@@ -136,7 +139,9 @@ def run(config, workdir, checkpoint: str = "", print_fn=print, output: str = "")
     lead = share.process == 0
     ds = data.build(config.data, workdir, task=config.task, batch_size=share.rows,
                     max_length=config.max_length, seed=config.seed, evaluating=True,
-                    shards=share.shards, local=share.local_shards)
+                    shards=share.shards, local=share.local_shards, run=config)
+    if not checkpoint and config.task == "text2text" and finetune.best_record(workdir):
+        checkpoint = str(workdir / finetune.BEST_DIR)    # a fine-tune is scored at its best
     if checkpoint:
         origin = weights.resolve(checkpoint)
         setup = state_lib.setup(origin.cfg, layout)
@@ -158,12 +163,28 @@ def run(config, workdir, checkpoint: str = "", print_fn=print, output: str = "")
         results["bleu"] = scores.bleu(hyps, refs)
         results["examples"] = [{"source": s, "reference": r, "output": h} for (s, r), h in
                                zip(ds.eval_examples[:3], hyps[:3])]
+    outputs = None
+    if config.task == "text2text":
+        model = api.Model(setup.cfg, setup.graphdef, params, layout)
+        scored = finetune.score(model, ds, config, share, translate)
+        outputs = {t: r["_outputs"] for t, r in scored.items()}
+        results["tasks"] = finetune.public(scored)
+        results["task_score"] = finetune.paper_score(scored)
+        results["checkpoint"] = checkpoint or "newest"
+        if checkpoint and pathlib.Path(checkpoint) == workdir / finetune.BEST_DIR:
+            results["step"] = finetune.best_record(workdir)["step"]
     results["machine"] = machine.describe()      # XLA:CPU's figures depend on the CPU
     if not lead:
         return results
     if results["bleu"] is not None:     # every hypothesis, in eval-set order (for sacrebleu & co)
         atomic.write_text(out / translations_file,
                           "".join(" ".join(h.split()) + "\n" for h in hyps))
+    if outputs is not None:       # every output, in eval-set order, beside its example
+        atomic.write_text(out / results_file.replace("results", "predictions").replace(
+            ".json", ".jsonl"), "".join(
+            json.dumps({"task": t.name, "inputs": e.inputs, "reference": e.reference,
+                        "output": o}) + "\n"
+            for t, examples in ds.task_examples.items() for e, o in zip(examples, outputs[t.name])))
     scores.write_results(out, results, results_file)
     print_fn(scores.markdown(results))
     print_fn(f"results: {out / results_file} ({eval_set}"
@@ -177,8 +198,10 @@ def run(config, workdir, checkpoint: str = "", print_fn=print, output: str = "")
 
 
 def translate(model: api.Model, ds, sources: list[str], config,
-              share: hosts.Share) -> list[str]:
-    """Beam-search translations of ``sources``, detokenized, in order. The sources are cut
+              share: hosts.Share, max_new: int | None = None,
+              beams: int | None = None) -> list[str]:
+    """Beam-search translations of ``sources``, detokenized, in order (``max_new`` tokens and
+    ``beams`` beams where given, else config.eval's; 1 beam: greedy). The sources are cut
     into one contiguous part per batch shard (as the eval batches are); each process tokenizes
     the parts of its shards, the global batch is decoded on the mesh, and every process gets
     the decoded ids of the whole batch back (a few KB) to detokenize."""
@@ -195,7 +218,8 @@ def translate(model: api.Model, ds, sources: list[str], config,
         batch = hosts.assemble({"ids": ids, "mask": (ids != 0).astype(np.int32)},
                                model.layout, share)
         generated = hosts.gather(model.new_tokens(
-            batch["ids"], batch["mask"], config.eval.max_decode_length, config.eval.num_beams,
+            batch["ids"], batch["mask"], max_new or config.eval.max_decode_length,
+            beams or config.eval.num_beams,
             length_penalty=config.eval.length_penalty, eos_token_id=ds.tokenizer.eos_id))
         for shard, (lo, hi) in enumerate(bounds):
             for row in range(per):

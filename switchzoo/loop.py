@@ -13,8 +13,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from switchzoo import (atomic, checkpoints, data, distill, evaluate, hosts, record, resume,
-                       steps, validate, weights, zoo)
+from switchzoo import (api, atomic, checkpoints, data, distill, evaluate, finetune, hosts,
+                       record, resume, steps, validate, weights, zoo)
 from switchzoo import metrics as metrics_lib
 from switchzoo import state as state_lib
 from switchzoo import upcycle as upcycle_lib
@@ -171,13 +171,14 @@ def _train(config, workdir, print_fn, lock: workdir_lib.Lock, interrupts: Preemp
         print_fn = lambda *_: None              # noqa: E731  (one process speaks)
 
     origin = weights.resolve(config.init_from) if config.init_from else None
+    config = origin_vocab(config, workdir, origin)
     setup = check_model(config, workdir, layout, origin)   # before anything is written
     hold(lock, lead, share.processes)
 
     def build_data():
         return data.build(config.data, workdir, task=config.task, batch_size=share.rows,
                           max_length=config.max_length, seed=config.seed,
-                          shards=share.shards, local=share.local_shards)
+                          shards=share.shards, local=share.local_shards, run=config)
     # Process 0 writes the workdir (config, corpus, tokenizer); the others then read it. A
     # start that fails (data not prepared, a checkpoint that does not load, ...) takes back
     # what it wrote.
@@ -254,6 +255,8 @@ def _train(config, workdir, print_fn, lock: workdir_lib.Lock, interrupts: Preemp
         plain, config.label_smoothing, config.grad_accum_steps,
         teacher.setup if teacher else None, config.distill.weight, config.loss_chunk)
     eval_fn = steps.make_eval_step(setup)
+    best = (finetune.Best(workdir, setup.cfg, lead, config.finetune.best_metric)
+            if config.task == "text2text" else None)
     writer = metrics_lib.Writer(workdir, config.num_train_steps, start)
     last, throughput = {}, metrics_lib.Throughput()
     # data.prefetch: the streams read ahead in threads, and each step's input is placed on the
@@ -285,8 +288,15 @@ def _train(config, workdir, print_fn, lock: workdir_lib.Lock, interrupts: Preemp
                     writer.write(last)
                     writer.progress(step, last["loss"], last["tokens_per_sec"])
                 if config.eval_every_steps and step % config.eval_every_steps == 0:
-                    writer.write({"step": step, **evaluate.evaluate_loss(
-                        eval_fn, state.params, ds, layout, share)}, "eval")
+                    row = {"step": step, **evaluate.evaluate_loss(eval_fn, state.params, ds,
+                                                                  layout, share)}
+                    if best is not None:      # the task's metric; the best weights kept
+                        scored = finetune.score(api.Model(setup.cfg, setup.graphdef,
+                                                          state.params, layout),
+                                                ds, config, share, evaluate.translate)
+                        row["tasks"] = finetune.public(scored)
+                        row["best"] = best.offer(step, state.params, scored)
+                    writer.write(row, "eval")
                     throughput.restart(state)
                 if saving:                  # every process's streams, gathered
                     ckpt.save(step, state, pipeline.merge_states(
@@ -310,6 +320,22 @@ def placer(layout, share: hosts.Share, prefetch: int):
         shardings = state_lib.batch_shardings(layout)
         return lambda batch: jax.device_put(batch, shardings)
     return lambda batch: hosts.assemble(batch, layout, share)
+
+
+def origin_vocab(config, workdir: pathlib.Path, origin):
+    """A fine-tune reads its starting point's vocabulary: with init_from and no
+    data.vocab_path (nor a tokenizer cached in the workdir), data.vocab_path becomes the
+    origin's tokenizer (a run's, or a Hugging Face directory's spiece.model)."""
+    if (origin is None or config.data.vocab_path
+            or (workdir / tokenizer_lib.CACHE_NAME).is_file()):
+        return config
+    path = (weights.run_tokenizer(origin.path) if origin.is_workdir
+            else origin.path / "spiece.model")
+    if not path.is_file():
+        return config
+    config = config.copy_and_resolve_references()
+    config.data.vocab_path = str(path.resolve())          # saved: eval.py reads it
+    return config
 
 
 def check_vocabulary(workdir: pathlib.Path, cfg) -> None:

@@ -125,6 +125,12 @@ class Writer:
         for key, value in record.items():
             if key in NOT_PLOTTED or value is None or isinstance(value, str):
                 continue
+            if isinstance(value, dict):               # a fine-tune's {task: {score: value}}
+                for task, got in value.items():
+                    for name, v in got.items():
+                        if isinstance(v, (int, float)):
+                            self.tb.add_scalar(f"{prefix}/{task}/{name}", float(v), step)
+                continue
             value = np.asarray(value, np.float64)
             if value.ndim == 0:
                 self.tb.add_scalar(f"{prefix}/{key}", float(value), step)

@@ -97,7 +97,9 @@ class SwitchFFN(nnx.Module):
         B, L, D = x_BLD.shape
         layout = active()
         exchange = layout and layout.exchange       # inside a pipeline's per-shard vmap
-        G = num_groups(B, L, cfg.group_size, layout.parts("groups") if layout else 1)
+        per_sequence = not train and cfg.eval_groups == "sequence"    # batch-independent
+        G = B if per_sequence else num_groups(B, L, cfg.group_size,
+                                              layout.parts("groups") if layout else 1)
         N = B * L // G
         # An expert gets at most N of a group's assignments (a token's picks are distinct; an
         # experts-choose group of fewer tokens than slots, as in cached decoding, gives each

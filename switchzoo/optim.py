@@ -35,7 +35,18 @@ def linear_rsqrt_schedule(learning_rate: float, warmup_steps: int):
     return schedule
 
 
-SCHEDULES = {"rsqrt": rsqrt_schedule, "linear_rsqrt": linear_rsqrt_schedule}
+def constant_schedule(learning_rate: float, warmup_steps: int):
+    """``learning_rate`` at every step (T5X's fine-tuning: Adafactor at 1e-3, constant); the
+    warm-up is not read."""
+    del warmup_steps
+
+    def schedule(step):
+        return jnp.full((), learning_rate, jnp.float32)
+    return schedule
+
+
+SCHEDULES = {"rsqrt": rsqrt_schedule, "linear_rsqrt": linear_rsqrt_schedule,
+             "constant": constant_schedule}
 
 
 def make_schedule(name: str, learning_rate: float, warmup_steps: int):

@@ -64,7 +64,8 @@ NEUTRAL_BETWEEN = {
     "data.vocab_path": _same_bytes,
 }
 # What selects the evaluation examples (results_names); the rest is how they are evaluated.
-EVAL_SET = ("data.eval_files", "data.eval_split", "data.max_eval_examples")
+EVAL_SET = ("data.eval_files", "data.eval_split", "data.max_eval_examples",
+            "finetune.eval_split", "finetune.eval_files")
 
 
 def read_json(path: pathlib.Path, fix: str = FIX) -> dict:
@@ -230,7 +231,12 @@ def results_names(config, workdir: pathlib.Path) -> tuple[str, str, str]:
     files = [pathlib.Path(f).expanduser() for f in mine["data.eval_files"].split(",") if f]
     key = json.dumps([[str(f.resolve()) for f in files], mine["data.eval_split"],
                       mine["data.max_eval_examples"]])
+    if mine.get("finetune.eval_split") != own.get("finetune.eval_split", mine.get(
+            "finetune.eval_split")):
+        key += mine["finetune.eval_split"]
     stem = (files[0].name.split(".")[0] if files else mine["data.eval_split"]
+            or (mine.get("finetune.eval_split") if mine.get("finetune.eval_split")
+                != own.get("finetune.eval_split") else "")
             or f"first{mine['data.max_eval_examples']}")
     name = re.sub(r"[^\w-]+", "_", stem)[:40] + "-" + hashlib.sha1(key.encode()).hexdigest()[:8]
     what = ", ".join(f"{f}={mine[f]!r}" for f in EVAL_SET if own.get(f, mine[f]) != mine[f])

@@ -163,6 +163,8 @@ def markdown(results: dict) -> str:
                        ("word_perplexity", "word perplexity")):
         if results.get(key) is not None:
             rows.append((label, results[key]))
+    for task, got in (results.get("tasks") or {}).items():     # a fine-tune's task metrics
+        rows += [(f"{task} {k}", v) for k, v in got.items() if k != "headline"]
     summary = routing_summary(results)
     if "dropped_fraction_mean" in summary:
         n = len(results["dropped_fraction"])

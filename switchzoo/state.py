@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from switchzoo import layout as layout_lib
 from switchzoo import draws as draws_lib
-from switchzoo import pipeline, scanned, transformer, zoo
+from switchzoo import pipeline, scanned, tasks, transformer, zoo
 from switchzoo.config import ModelConfig
 # The optimizers live in switchzoo.optim; re-exported, as the set-up and its callers use them.
 from switchzoo.optim import (BATCH_DIMS, SCHEDULES, batch_dims, bias_update,  # noqa: F401
@@ -263,6 +263,13 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
         raise ValueError(f"task '{config.task}' needs {kind} model; {what} is not one (pick "
                          "another --config.model or --config.task)")
     overrides = {k: v for k, v in config.moe.items() if v is not None}
+    finetune = config.get("finetune")
+    if config.task == "text2text" and cfg.moe is not None and "expert_dropout" not in overrides:
+        overrides["expert_dropout"] = finetune.expert_dropout     # the fine-tuning recipe's
+    elif (config.task == "text2text" and cfg.moe is None
+          and finetune.expert_dropout != tasks.default_config().expert_dropout):
+        raise ValueError(f"--config.finetune.expert_dropout={finetune.expert_dropout} set for a "
+                         "dense model, which has no experts; drop the flag")
     if cfg.moe is None and config.router_learning_rate_scale != 1.0:
         raise ValueError(f"--config.router_learning_rate_scale set for a dense model, which has "
                          "no routers; drop the flag")

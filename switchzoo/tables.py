@@ -34,7 +34,7 @@ from switchzoo import noise, record, registry, scores
 TABLES = "switchzoo.configs.tables"          # the tables package (configs/tables/ in a clone)
 _REQUIRED = ("title", "source", "metric", "columns", "rows", "command")
 # Metrics where a larger number is better; every other metric (loss, perplexities) is lower-better.
-HIGHER_IS_BETTER = {"bleu", "neg_log_perplexity"}
+HIGHER_IS_BETTER = {"bleu", "neg_log_perplexity", "task_score"}
 SEED = "seed"
 # Config keys that do not change what a run measures: how often it logs, evaluates and
 # checkpoints, and where it reads its vocabulary from (compared by content instead: _vocabulary).
@@ -133,6 +133,10 @@ def load_run(run_dir) -> dict:
 
 
 def _step(run: dict) -> int:
+    """The step a run's results describe; a fine-tune's (scored at its best checkpoint, a
+    step that differs by seed) its length, so that its seeds are one row."""
+    if "tasks" in run["results"]:
+        return run["config"].get("num_train_steps") or 0
     return run["results"].get("step") or 0
 
 

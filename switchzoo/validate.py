@@ -41,7 +41,7 @@ def at_least(low: int, meaning: str = "") -> Range:
     return Range(low, meaning=meaning)
 
 
-SCHEDULES = ("rsqrt", "linear_rsqrt")      # switchzoo.state.SCHEDULES
+SCHEDULES = ("rsqrt", "linear_rsqrt", "constant")      # switchzoo.state.SCHEDULES
 POSITIVE = Range(0, open_low=True)
 FRACTION = Range(0, 1, open_high=True)      # rates: dropout, smoothing, jitter
 RANGES = {
@@ -91,15 +91,19 @@ RANGES = {
     "moe.num_shared_experts": at_least(0),
     "pipeline_microbatches": at_least(0, " (0: one per stage)"),
     "pipeline_repeats": at_least(1, " (1: GPipe)"),
+    "finetune.target_length": at_least(0, " (0: max_length)"),
+    "finetune.mixture_cap": at_least(0, " (0: no cap)"),
+    "finetune.expert_dropout": FRACTION,
 }
 CHOICES = {
-    "task": ("translation", "lm", "span_corruption"),
+    "task": ("translation", "lm", "span_corruption", "text2text"),
     "optimizer": ("adamw", "adafactor"),
     "dtype": ("float32", "bfloat16"),
     "remat": REMAT,
     "attention": ATTENTION,
     "data.source": ("embedded", "files", "tfds"),
     "moe.dispatch": ("auto", "einsum", "dropless", "index"),
+    "moe.eval_groups": ("sequence", "train"),
     "moe.grouped_matmul": ("auto", "blocks", "ragged_dot"),
     "moe.router": ROUTERS,
     "moe.balance": BALANCE,
@@ -120,18 +124,28 @@ def _pipelined(config) -> bool:
 
 # field: (reads it?, who reads it) -- a field set away from its default where nothing reads it
 # is refused.
-_SOURCES = {"train_files": ("files",), "eval_files": ("files",), "tfds_name": ("tfds",),
-            "tfds_data_dir": ("tfds",), "train_split": ("tfds",), "eval_split": ("tfds",),
+_SOURCES = {"train_files": ("files",), "eval_files": ("files",), "tfds_name": ("tfds",), "train_split": ("tfds",), "eval_split": ("tfds",),
             "pair": ("embedded", "tfds"), "embedded_max_pairs": ("embedded",),
             "locale_dir": ("embedded",)}
 READERS = {
     **{f"data.{k}": (lambda c, s=s: c.data.source in s,
                      "data.source=" + " or ".join(s)) for k, s in _SOURCES.items()},
+    "data.tfds_data_dir": (lambda c: c.data.source == "tfds" or c.task == "text2text",
+                           "data.source=tfds or task=text2text"),
     **{f"data.{k}": (lambda c: c.task == "span_corruption", "task=span_corruption")
        for k in ("noise_density", "mean_noise_span_length")},
+    **{f"finetune.{k}": (lambda c: c.task == "text2text", "task=text2text")
+       for k in ("task", "data_dir", "eval_split", "best_metric", "target_length",
+                 "mixture_cap", "expert_dropout")},
+    **{f"finetune.{k}": (lambda c: c.task == "text2text" and c.finetune.task == "files",
+                         "task=text2text and finetune.task=files")
+       for k in ("train_files", "eval_files", "inputs", "targets", "labels", "metrics")},
+    # a fine-tune reads its examples from its task (finetune.*), never from data.source
+    "data.source": (lambda c: c.task != "text2text", "task=translation, lm or span_corruption"),
     "data.info_dir": (lambda c: c.task == "span_corruption" and c.data.source == "embedded",
                       "task=span_corruption and data.source=embedded"),
     "weight_decay": (lambda c: c.optimizer == "adamw", "optimizer=adamw"),
+    "warmup_steps": (lambda c: c.schedule != "constant", "schedule=rsqrt or linear_rsqrt"),
     "distill.weight": (lambda c: bool(c.distill.teacher), "distill.teacher=DIR"),
     "loss_chunk": (lambda c: not c.distill.teacher,
                    "distill.teacher='' (distillation keeps the full logits)"),

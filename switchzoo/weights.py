@@ -18,11 +18,14 @@ import typing
 import jax
 
 from switchzoo import atomic, checkpoints, errors, hf, resume, transformer
+from switchzoo import t5x  # T5X checkpoints dispatch (switchzoo.t5x)
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig, MoeConfig
 from switchzoo.data import tokenizer as tokenizer_lib
 
 MODEL_FILE = "model.json"      # a run's (or an upcycled checkpoint's) resolved ModelConfig
+BEST_DIR = "best"              # a fine-tune's best checkpoint by its task's score (a run of its
+                               # own: checkpoints/ + model.json; switchzoo.finetune)
 MODEL_FIX = ("restore it from a copy of the run, or move it away (train.py writes it again from "
              "config.json when the run resumes; eval.py then rebuilds the model from config.json)")
 # The fields that decide which tensors a model has and what they compute.
@@ -167,7 +170,7 @@ def resolve(path) -> Origin:
                                     "from before switchzoo saved its model); pass a run trained "
                                     "since, or a Hugging Face directory")
         return Origin(path, read_model(saved))
-    pretrained = hf.read_config(path)
+    pretrained = t5x.read_any(path)     # a Hugging Face directory or a T5X checkpoint
     if saved.is_file():
         cfg = read_model(saved)
         wrong = differences(cfg, pretrained.cfg)

@@ -80,7 +80,8 @@ def test_capacity_couples_the_rows_of_a_group():
     routing serves tokens in group order, row 0 before row 1, so changing row 0's later
     tokens changes row 1's earliest positions, which a row of its own would never see; and
     row 0 itself stays causal."""
-    moe = dataclasses.replace(SWITCH_ROW_GROUPS, group_size=32, eval_capacity_factor=0.25)
+    moe = dataclasses.replace(SWITCH_ROW_GROUPS, group_size=32, eval_capacity_factor=0.25,
+                              eval_groups="train")     # training's groups (the subject here)
     model = causal_lm(zoo.get("switch_tiny").replace(moe=moe))
     ids = jax.random.randint(jax.random.key(1), (2, 16), 1, 256)
     a, stats = model(ids)

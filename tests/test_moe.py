@@ -17,8 +17,10 @@ D, F, E = 16, 32, 4
 
 
 def make(top_k=1, capacity_factor=4.0, group_size=16, seed=0, **kw):
+    # eval_groups="train": groups of group_size in evaluation mode too (the layer's routing
+    # groups are the subject here, not an example's independence from its batch)
     cfg = MoeConfig(num_experts=E, top_k=top_k, group_size=group_size, min_capacity=1,
-                    dispatch="einsum",
+                    dispatch="einsum", eval_groups=kw.pop("eval_groups", "train"),
                     train_capacity_factor=capacity_factor, eval_capacity_factor=capacity_factor,
                     **kw)
     return SwitchFFN(D, F, cfg, nnx.Rngs(seed))

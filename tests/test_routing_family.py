@@ -25,9 +25,12 @@ D, F, E = 16, 32, 4
 
 def make(router="experts_choose", shared=0, group_size=16, capacity_factor=1.0,
          eval_capacity_factor=None, **kw):
+    # eval_groups="train": groups of group_size in evaluation mode too (the routing is the
+    # subject here, not an example's independence from its batch)
     cfg = MoeConfig(num_experts=E, group_size=group_size, min_capacity=1, router=router,
                     num_shared_experts=shared, train_capacity_factor=capacity_factor,
-                    eval_capacity_factor=eval_capacity_factor or capacity_factor, **kw)
+                    eval_capacity_factor=eval_capacity_factor or capacity_factor,
+                    eval_groups=kw.pop("eval_groups", "train"), **kw)
     return SwitchFFN(D, F, cfg, nnx.Rngs(0), encoder=True)
 
 

@@ -3,6 +3,7 @@
     python eval.py --workdir=DIR                      # the run's newest checkpoint
     python eval.py --workdir=DIR --config.eval.num_beams=8 --config.data.eval_files=test.tsv
     python eval.py --workdir=DIR --checkpoint=HF_DIR --config=configs/wmt.py
+    python eval.py --workdir=DIR --predict=inputs.txt [--predictions=out.txt]  # your inputs
     python eval.py --table=switch_table1 --runs=DIR1,DIR2,...
     switchzoo-eval ...                                # the same, from an installed package
 
@@ -15,7 +16,7 @@ import pathlib
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from switchzoo import evaluate, tables
+from switchzoo import evaluate, predict, tables
 from switchzoo.commands import cli
 
 config_flags.DEFINE_config_file("config", None, "Run config, when the workdir has none; without "
@@ -26,6 +27,11 @@ flags.DEFINE_string("checkpoint", "", "A Hugging Face directory (or another run'
                     "to evaluate instead.")
 flags.DEFINE_string("output", "", "Write results.json (and translations) into this directory "
                     "instead of the workdir: for a run on a read-only mount.")
+flags.DEFINE_string("predict", "", "A file of inputs, one per line ('-': stdin): write the "
+                    "run's output for each (translations; a fine-tune's answers) instead of "
+                    "scoring it.")
+flags.DEFINE_string("predictions", "-", "With --predict: the file the outputs go to ('-': "
+                    "stdout).")
 flags.DEFINE_string("table", "", "Collect --runs into this paper table (see switchzoo.tables).")
 flags.DEFINE_list("runs", [], "Run directories for --table.")
 flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
@@ -47,8 +53,17 @@ def run_eval():
         return
     if not FLAGS.workdir:
         raise ValueError("give --workdir=DIR (or --table=NAME --runs=DIR,...)")
+    if FLAGS["predictions"].present and not FLAGS.predict:
+        raise ValueError("--predictions is read only with --predict=FILE; add it or drop "
+                         "--predictions")
     config = FLAGS.config or evaluate.load_config(pathlib.Path(FLAGS.workdir), OVERRIDES)
     cli.initialize_distributed()        # every process evaluates its share of the eval set
+    if FLAGS.predict:
+        if FLAGS.output:
+            raise ValueError("--output is for results.json; with --predict give "
+                             "--predictions=FILE")
+        predict.run(config, FLAGS.workdir, FLAGS.predict, FLAGS.predictions, FLAGS.checkpoint)
+        return
     evaluate.run(config, FLAGS.workdir, FLAGS.checkpoint, output=FLAGS.output)
 
 

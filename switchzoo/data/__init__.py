@@ -7,7 +7,9 @@
     d.tokenizer.decode(ids); d.eval_examples
 
 Tasks: "translation" (source, target) pairs; "lm" texts; "span_corruption" texts corrupted as
-T5 does (pipeline.SpanFeaturizer: inputs ``max_length``, targets ``d.target_length``).
+T5 does (pipeline.SpanFeaturizer: inputs ``max_length``, targets ``d.target_length``);
+"text2text" a downstream task's T5 strings (switchzoo.tasks, the run config's ``finetune``
+block: its source replaces config.data's; targets rows ``finetune.target_length`` long).
 
 Sources (config.data.source): "embedded" (the shipped gettext corpus, offline, plus this
 machine's catalogues),
@@ -22,12 +24,12 @@ from typing import Iterator
 import ml_collections
 import numpy as np
 
-from switchzoo import scores
+from switchzoo import scores, tasks
 from switchzoo.data import pipeline, sources
 from switchzoo.data import tokenizer as tokenizer_lib
 from switchzoo.data.text import byte_lm_batches, default_corpus
 
-TASKS = ("translation", "lm", "span_corruption")
+TASKS = ("translation", "lm", "span_corruption", "text2text")
 
 __all__ = ["Data", "build", "default_config", "byte_lm_batches", "default_corpus"]
 
@@ -71,11 +73,15 @@ class Data:
     description: str
     eval_split: str = "held out"
     spans: pipeline.SpanFeaturizer | None = None     # span corruption's featurizer
+    task_examples: dict | None = None                # text2text: {Task: its eval Examples}
+    targets_length: int | None = None                # text2text: targets rows
     _eval_cache: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def target_length(self) -> int:
-        return self.spans.target_length if self.spans else self.max_length
+        if self.spans:
+            return self.spans.target_length
+        return self.targets_length or self.max_length
 
     def eval_batches(self, shards: int = 1, local: range | None = None,
                      num_batches: int = 0) -> Iterator[dict]:
@@ -107,7 +113,8 @@ class Data:
             if self.spans:
                 features = self.spans.evaluation(texts, first=lo)
             else:
-                featurize = pipeline.featurizer(self.tokenizer, self.task, self.max_length)
+                featurize = pipeline.featurizer(self.tokenizer, self.task, self.max_length,
+                                                self.targets_length)
                 features = [featurize(e) for e in texts]
             words = [scores.count_words([t]) for t in texts] if self.task == "lm" else None
             self._eval_cache[key] = (features, words)
@@ -122,21 +129,27 @@ def part(n: int, parts: int, index: int) -> tuple[int, int]:
 
 def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
           batch_size: int, max_length: int, seed: int = 0, evaluating: bool = False,
-          shards: int = 1, local: range | None = None) -> Data:
+          shards: int = 1, local: range | None = None, run=None) -> Data:
     """The train iterator, eval batches and tokenizer for ``task`` (one of TASKS).
 
     The workdir holds the tokenizer (and the embedded corpus) so a resumed run reads exactly
     what it started with. ``evaluating``: no train iterator, and ``cfg.eval_files`` are the
     evaluation examples whatever the source (a trained run scored on other text). ``shards``
     and ``local``: the global batch's batch shards and those this process reads
-    (switchzoo.hosts.Share); only their examples are ever tokenized here.
+    (switchzoo.hosts.Share); only their examples are ever tokenized here. ``run``: the run
+    config, whose ``finetune`` block names a text2text task's source.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task '{task}'; use one of {', '.join(TASKS)}")
     if max_length < 2 or batch_size < 1:
         raise ValueError(f"max_length={max_length} and batch_size={batch_size}: need a length of "
                          "at least 2 (one token + EOS) and a batch of at least 1")
-    if evaluating and cfg.eval_files:
+    task_examples, targets_length = None, None
+    if task == "text2text":
+        corpus, task_examples = finetune_corpus(run, evaluating)
+        targets_length = run.finetune.target_length or max_length
+        load_train = lambda: corpus.train                              # noqa: E731
+    elif evaluating and cfg.eval_files:
         corpus = sources.eval_files(cfg, task)
         load_train = lambda: sources.load(cfg, task, workdir).train   # noqa: E731
     else:
@@ -148,9 +161,40 @@ def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
     if task == "span_corruption":
         spans = pipeline.SpanFeaturizer(tok, max_length, cfg.noise_density,
                                         cfg.mean_noise_span_length)
-    featurize = spans or pipeline.featurizer(tok, task, max_length)
+    featurize = spans or pipeline.featurizer(tok, task, max_length, targets_length)
     train = (None if evaluating else
              pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed,
                                      shards, local, cfg.get("prefetch", 0)))
     return Data(tok, train, corpus.eval, task, batch_size, max_length, corpus.description,
-                corpus.eval_split, spans)
+                corpus.eval_split, spans, task_examples, targets_length)
+
+
+def finetune_corpus(run, evaluating: bool) -> tuple[sources.Corpus, dict]:
+    """A text2text run's (input, target) pairs: the training split of its task (of every member
+    of a mixture, each capped at finetune.mixture_cap examples: T5's examples-proportional
+    mixing), a pair per training target; and {task: Examples} of finetune.eval_split (capped at
+    data.max_eval_examples), whose first targets are the eval pairs."""
+    cfg = run.finetune
+    members = tasks.resolve(cfg)
+    train, seen = [], set()
+    if not evaluating:
+        for task in members:
+            if (task.source, task.split("train")) in seen:    # MNLI's two members: one train
+                continue
+            seen.add((task.source, task.split("train")))
+            pairs = [(e.inputs, t) for e in tasks.examples(task, "train", run) for t in e.targets]
+            if cfg.mixture_cap and len(pairs) > cfg.mixture_cap:
+                keep = np.random.default_rng(0).permutation(len(pairs))[:cfg.mixture_cap]
+                pairs = [pairs[i] for i in sorted(keep)]
+            train.extend(pairs)
+    held, pairs = {}, []
+    for task in members:
+        examples = tasks.examples(task, cfg.eval_split, run)
+        if run.data.max_eval_examples > 0:
+            examples = examples[:run.data.max_eval_examples]
+        held[task] = examples
+        pairs.extend((e.inputs, e.targets[0]) for e in examples)
+    name = cfg.task if cfg.task != tasks.FILES else f"files {cfg.train_files}"
+    return (sources.Corpus(train if not evaluating else [], pairs,
+                           f"task {name} ({len(train):,} training pairs; evaluation: "
+                           f"{cfg.eval_split})", cfg.eval_split), held)

@@ -39,21 +39,25 @@ MAX_CHUNKS = 64         # span corruption: chunks kept of one document (~36k tok
 EVAL_SEED = 0           # span corruption: the evaluation draw
 
 
-def featurizer(tokenizer, task: str, max_length: int):
-    """A raw example -> {"inputs", "targets"} int32 ids, at most ``max_length`` long."""
+def featurizer(tokenizer, task: str, max_length: int, target_length: int | None = None):
+    """A raw example -> {"inputs", "targets"} int32 ids, at most ``max_length`` long (targets:
+    ``target_length``, where given: text2text's targets rows)."""
     keep = max_length - 1
+    keep_target = (target_length or max_length) - 1
 
     def translation(example) -> dict:
         source, target = tokenizer.encode(example[0]), tokenizer.encode(example[1])
         return {"inputs": np.array(source[:keep] + [EOS_ID], np.int32),
-                "targets": np.array(target[:keep] + [EOS_ID], np.int32)}
+                "targets": np.array(target[:keep_target] + [EOS_ID], np.int32)}
 
     def lm(text) -> dict:
         ids = tokenizer.encode(text)[:keep]
         return {"inputs": np.array([EOS_ID] + ids, np.int32),
                 "targets": np.array(ids + [EOS_ID], np.int32)}
 
-    return translation if task == "translation" else lm
+    if target_length:
+        translation.target_length = target_length      # the packer's targets rows
+    return translation if task in ("translation", "text2text") else lm
 
 
 class SpanFeaturizer:
@@ -261,7 +265,7 @@ def train_iterator(examples: Sequence, featurize, task: str, batch_size: int, ma
         raise ValueError(f"a batch of {batch_size} rows does not split into {shards} batch "
                          f"shards; use a batch size that is a multiple of {shards}")
     spans = isinstance(featurize, SpanFeaturizer)
-    target_length = featurize.target_length if spans else None
+    target_length = getattr(featurize, "target_length", None)
     rows = batch_size // shards
 
     def stream(shard: int, start: int) -> grain.IterDataset:

@@ -21,7 +21,7 @@ SOURCES = ("embedded", "files", "tfds")
 
 def reads_texts(task: str) -> bool:
     """True for the tasks whose examples are single texts (not pairs)."""
-    return task != "translation"
+    return task not in ("translation", "text2text")
 
 
 @dataclasses.dataclass
