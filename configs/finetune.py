@@ -1,8 +1,8 @@
-"""Fine-tune a pre-trained model on a downstream task, scored by the task's metric.
+"""python train.py --config=configs/finetune.py:task=movie_reviews,init_from=RUN_OR_HF_DIR --workdir=DIR
+
+Fine-tune a pre-trained model on a downstream task, scored by the task's metric.
 
     python -m switchzoo.tasks.movie_reviews --out ~/switchzoo_data/movie_reviews   # once
-    python train.py --config=configs/finetune.py:task=movie_reviews,init_from=RUN_OR_HF_DIR \
-        --workdir=DIR
     python eval.py --workdir=DIR [--config.finetune.eval_split=test]
 
 The Switch paper's fine-tuning recipe (sec. 3 and Table 4, as T5X runs it): Adafactor at a

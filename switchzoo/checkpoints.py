@@ -26,16 +26,23 @@ from switchzoo.state import TrainState
 MIN_SLICE_BYTES = 4 << 20
 
 
-def _register_array_handler() -> None:
+@contextlib.contextmanager
+def _quiet():
+    """absl at ERROR: Orbax warns at every read-only manager that it is read-only."""
     verbosity = absl_logging.get_verbosity()
-    absl_logging.set_verbosity(absl_logging.ERROR)     # not the "overriding jax.Array" warning
+    absl_logging.set_verbosity(absl_logging.ERROR)
     try:
+        yield
+    finally:
+        absl_logging.set_verbosity(verbosity)
+
+
+def _register_array_handler() -> None:
+    with _quiet():                                 # not the "overriding jax.Array" warning
         ocp.type_handlers.register_type_handler(
             jax.Array, ocp.type_handlers.ArrayHandler(
                 min_slice_bytes_for_replica_parallel=MIN_SLICE_BYTES,
                 array_metadata_store=array_metadata_store.Store()), override=True)
-    finally:
-        absl_logging.set_verbosity(verbosity)
 
 
 _register_array_handler()
@@ -74,7 +81,11 @@ class Checkpoints:
         that creates, removes and writes nothing, so it may read a run while it trains."""
         self.directory = pathlib.Path(directory).resolve()
         self.saving, self.needed, self.closed = None, None, False
-        self.manager = ocp.CheckpointManager(
+        with _quiet() if read_only else contextlib.nullcontext():   # not Orbax's "read only"
+            self.manager = self._manager(every, keep, use_async, writer, read_only)
+
+    def _manager(self, every, keep, use_async, writer, read_only):
+        return ocp.CheckpointManager(
             self.directory,
             # Every ``every`` steps only (Orbax's default also saves the first step it sees).
             options=ocp.CheckpointManagerOptions(save_decision_policy=ocp.checkpoint_managers

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import string
 import sys
 
 from switchzoo import api, evaluate, finetune, hosts, tasks, weights
@@ -25,24 +26,17 @@ class _Texts:
     tokenizer: tokenizer_lib.Tokenizer      # what evaluate.translate reads of a dataset
 
 
-def input_column(task: tasks.Task) -> str | None:
-    """The one column a task's input template reads, where it reads one."""
-    probe = {}
-
-    class Probe(dict):
-        def __missing__(self, key):
-            probe[key] = None
-            return 0 if key in ("label", "span1_index", "span2_index") else "x"
-    try:
-        task.preprocess(Probe())
-    except Exception:       # a format that needs structured fields (ReCoRD, SQuAD): JSON lines
-        return None
-    texts = [k for k in probe if k not in ("label", "idx")]
-    return texts[0] if len(texts) == 1 else None
+def input_column(task: tasks.Task, config) -> str | None:
+    """The one column a task's input is made of, where it has one."""
+    if task.name == tasks.FILES:
+        names = {field for _, field, _, _ in string.Formatter().parse(config.finetune.inputs)
+                 if field}
+        return names.pop() if len(names) == 1 else None
+    return task.columns[0] if len(task.columns) == 1 else None
 
 
 def task_inputs(task: tasks.Task, lines: list[str], where: str, config) -> list[str]:
-    column = input_column(task)
+    column = input_column(task, config)
     out = []
     for number, line in enumerate(lines, 1):
         try:
@@ -51,8 +45,9 @@ def task_inputs(task: tasks.Task, lines: list[str], where: str, config) -> list[
             row = None
         if row is None:
             if column is None:
-                raise ValueError(f"{where}:{number}: task {task.name} reads several columns; "
-                                 "write each input as a JSON object naming them")
+                raise ValueError(f"{where}:{number}: task {task.name} reads several columns "
+                                 f"({', '.join(task.columns) or 'its template'}); write each "
+                                 "input as a JSON object naming them")
             row = {column: line}
         row["_where"] = f"{where}:{number}"
         if task.name == tasks.FILES:         # the input template alone: no target column

@@ -229,14 +229,17 @@ def results_names(config, workdir: pathlib.Path) -> tuple[str, str, str]:
     if all(own.get(f, mine[f]) == mine[f] for f in EVAL_SET):
         return "results.json", "translations.txt", "the run's own evaluation set"
     files = [pathlib.Path(f).expanduser() for f in mine["data.eval_files"].split(",") if f]
-    key = json.dumps([[str(f.resolve()) for f in files], mine["data.eval_split"],
-                      mine["data.max_eval_examples"]])
-    if mine.get("finetune.eval_split") != own.get("finetune.eval_split", mine.get(
-            "finetune.eval_split")):
-        key += mine["finetune.eval_split"]
-    stem = (files[0].name.split(".")[0] if files else mine["data.eval_split"]
-            or (mine.get("finetune.eval_split") if mine.get("finetune.eval_split")
-                != own.get("finetune.eval_split") else "")
+    parts = [[str(f.resolve()) for f in files], mine["data.eval_split"],
+             mine["data.max_eval_examples"]]
+    split = ""
+    if mine.get("task") == "text2text":      # a fine-tune's set: its task's split or files
+        task_files = [pathlib.Path(f).expanduser()
+                      for f in mine["finetune.eval_files"].split(",") if f]
+        files += task_files
+        split = mine["finetune.eval_split"]
+        parts += [[str(f.resolve()) for f in task_files], split]
+    key = json.dumps(parts)
+    stem = (files[0].name.split(".")[0] if files else mine["data.eval_split"] or split
             or f"first{mine['data.max_eval_examples']}")
     name = re.sub(r"[^\w-]+", "_", stem)[:40] + "-" + hashlib.sha1(key.encode()).hexdigest()[:8]
     what = ", ".join(f"{f}={mine[f]!r}" for f in EVAL_SET if own.get(f, mine[f]) != mine[f])

@@ -127,7 +127,8 @@ class Origin:
         """Where the weights are, for a printed line: the Hugging Face directory, or the run
         and (once ``load`` has read it) its checkpoint's step."""
         if self.hf is not None:
-            return f"the Hugging Face directory {self.path}"
+            kind = "T5X checkpoint" if t5x.is_checkpoint(self.path) else "Hugging Face directory"
+            return f"the {kind} {self.path}"
         step = self.loaded.get("step")
         return f"run {self.path}" + (f" (checkpoint {step})" if step is not None else "")
 

@@ -4,14 +4,18 @@ another split by eval.py, loaded from its workdir, exported back to Hugging Face
 transformers computes the same logits; and predictions that do not depend on the batch."""
 import dataclasses
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 
 import switchzoo
-from conftest import Lazy
-from switchzoo import api, evaluate, finetune, loop
+from conftest import FAST_COMPILE, Lazy
+from switchzoo import api, evaluate, finetune, loop, predict, tasks
 from switchzoo import state as state_lib
 from switchzoo import zoo
 from switchzoo.config import ModelConfig, MoeConfig
@@ -88,6 +92,10 @@ def hf_dir(tmp_path_factory):
     return path
 
 
+def finetune_task(config):
+    return tasks.resolve(config.finetune)[0]
+
+
 def test_fine_tune_from_hugging_face_and_back(hf_dir, tmp_path):
     write_task(tmp_path)
     c = finetune_config.get_config("task=files,model=switch_base_tiny,steps=4")
@@ -116,6 +124,14 @@ def test_fine_tune_from_hugging_face_and_back(hf_dir, tmp_path):
     (predictions,) = workdir.glob("predictions-*.jsonl")
     first = json.loads(predictions.read_text().splitlines()[0])
     assert first["inputs"] == "review: a fine and moving film" and first["reference"] == "positive"
+
+    # your own inputs: a plain line fills the task's one column, a JSON line names it
+    inputs = tmp_path / "mine.txt"
+    inputs.write_text('a fine and moving film\n{"text": "a dull and tired mess"}\n')
+    printed = []
+    outs = predict.run(config, workdir, str(inputs), print_fn=printed.append)
+    assert len(outs) == 2 and printed == outs
+    assert predict.task_inputs(finetune_task(config), ["great"], "x", config) == ["review: great"]
 
     # the workdir loads (its best checkpoint) and goes back to Hugging Face format exactly
     ours = switchzoo.from_pretrained(workdir)
@@ -150,3 +166,65 @@ def test_a_data_source_is_not_read_by_a_fine_tune():
     c.data.source = "files"
     with pytest.raises(ValueError, match="data.source='files' is read only with task="):
         validate.check(c)
+
+
+def test_glue_sst2_from_a_prepared_tfds_directory_under_dp_ep(tmp_path):
+    """A few real steps of a Switch model at a reduced size on glue/sst2 (read from a prepared
+    tfds directory, no builder code) with the experts over the expert axis: 8 devices, the
+    task scored, the best checkpoint kept."""
+    from test_tasks import Glue
+    Glue(data_dir=str(tmp_path / "tfds"), config="sst2",
+         file_format="array_record").download_and_prepare()
+    c = finetune_config.get_config("task=glue_sst2,model=switch_base_tiny,steps=2,layout=dp_ep")
+    c.mesh, c.per_device_batch_size, c.max_length = "data:2,model:1,expert:4", 1, 16
+    c.eval_every_steps, c.checkpoint_every_steps, c.finetune.target_length = 2, 2, 8
+    vocab = tmp_path / "spiece.model"
+    vocab.write_bytes(tokenizer_lib.train([t for ts in TEXTS.values() for t in ts] * 20
+                                          + ["sst2 sentence: a gem a mess"] * 20, 48))
+    c.data.tfds_data_dir, c.data.vocab_path = str(tmp_path / "tfds"), str(vocab)
+    loop.train(c, tmp_path / "run", print_fn=lambda *a: None)
+    (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()
+              if '"eval"' in line]
+    assert row["tasks"]["glue_sst2"]["examples"] == 1 and row["best"]
+    assert finetune.best_record(tmp_path / "run")["step"] == 2
+
+
+def test_the_finetune_config_opens_with_its_command():
+    assert finetune_config.__doc__.startswith("python train.py --config=configs/finetune.py")
+    c = finetune_config.get_config("task=glue_sst2,steps=7")
+    assert (c.task, c.finetune.task, c.num_train_steps, c.schedule) == (
+        "text2text", "glue_sst2", 7, "constant")
+
+
+def test_a_t5x_checkpoint_written_by_t5x_starts_a_fine_tune(tmp_path):
+    """init_from the T5X fixture (a tiny T5 v1.1 that T5X wrote, arrays inline): its weights
+    start the run, its hyper-parameters read from the shapes."""
+    from test_t5x import TINY
+    write_task(tmp_path)
+    vocab = tmp_path / "spiece.model"
+    vocab.write_bytes(tokenizer_lib.train([t for ts in TEXTS.values() for t in ts] * 20
+                                          + ["review: positive negative"] * 20, 48))
+    c = finetune_config.get_config("task=files,model=t5_tiny,steps=2")
+    c.init_from = str(TINY / "checkpoint_0")
+    c.eval_every_steps = c.checkpoint_every_steps = 2
+    c.per_device_batch_size, c.max_length, c.finetune.target_length = 1, 16, 8
+    c.data.vocab_path = str(vocab)
+    c.finetune.update(train_files=str(tmp_path / "train.jsonl"),
+                      eval_files=str(tmp_path / "dev.jsonl"), inputs="review: {text}",
+                      targets="{label}", labels="negative,positive", metrics="accuracy")
+    lines = []
+    loop.train(c, tmp_path / "run", print_fn=lines.append)
+    loaded = next(line for line in lines if line.startswith("init_from"))
+    assert "the T5X checkpoint" in loaded and "checkpoint_0" in loaded and json.loads(
+        (tmp_path / "run" / "model.json").read_text())["d_model"] == 8
+    assert finetune.best_record(tmp_path / "run")["step"] == 2
+
+
+def test_train_py_refuses_an_unknown_task_in_one_line(tmp_path):
+    root = pathlib.Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "train.py", "--config=configs/finetune.py:task=sst3",
+                          f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True,
+                         cwd=root, timeout=120, env={**os.environ, "XLA_FLAGS": FAST_COMPILE})
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "unknown task 'sst3'; known: cnn_dailymail, glue_cola" in out.stderr
+    assert not (tmp_path / "run").exists()

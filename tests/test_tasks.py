@@ -101,9 +101,9 @@ def test_unknown_task_lists_the_known_ones():
 
 
 class Glue(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """glue/sst2's name, version, features and splits, a few rows."""
+    """glue/sst2's and glue/cola's name, version, features and splits, a few rows."""
     VERSION = tfds.core.Version("2.0.0")
-    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="sst2")]
+    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="sst2"), tfds.core.BuilderConfig(name="cola")]
 
     def _info(self):
         return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
@@ -163,3 +163,30 @@ def test_movie_reviews_labels_thresholds_and_splits(tmp_path):
         assert label == ("positive" if float(rating) > 0.5 else "negative")
     with pytest.raises(ValueError, match="sha256 .* is not vaderSentiment-3.3.2's"):
         movie_reviews.ground_truth(tmp_path / "v.tar.gz")
+
+
+def test_a_mixture_trains_on_every_member_capped_and_scores_each(tmp_path):
+    from switchzoo import data
+    for name in ("sst2", "cola"):
+        Glue(data_dir=str(tmp_path), config=name,
+             file_format="array_record").download_and_prepare()
+    c = config(task="glue_sst2+glue_cola", mixture_cap=1)
+    c.data.tfds_data_dir = str(tmp_path)
+    corpus, held = data.finetune_corpus(c, evaluating=False)
+    assert sorted(p[0].split()[0] for p in corpus.train) == ["cola", "sst2"]   # one pair each
+    assert {t.name: [e.inputs for e in ex] for t, ex in held.items()} == {
+        "glue_sst2": ["sst2 sentence: fine"], "glue_cola": ["cola sentence: fine"]}
+    assert tasks.resolve(config(task="glue").finetune)[0].name == "glue_cola"
+
+
+def test_your_inputs_become_the_tasks_strings():
+    from switchzoo import predict
+    c = config(task="glue_sst2")
+    assert predict.task_inputs(tasks.get("glue_sst2"), ["a gem"], "in", c) == [
+        "sst2 sentence: a gem"]
+    assert predict.task_inputs(tasks.get("glue_mnli_matched"),
+                               ['{"premise": "P.", "hypothesis": "H."}'], "in", c) == [
+        "mnli hypothesis: H. premise: P."]
+    with pytest.raises(ValueError, match=r"in:1: task glue_mnli_matched reads several columns "
+                                         r"\(premise, hypothesis\); write each input as a JSON"):
+        predict.task_inputs(tasks.get("glue_mnli_matched"), ["plain"], "in", c)

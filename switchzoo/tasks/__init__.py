@@ -31,7 +31,8 @@ def names() -> list[str]:
 def default_config():
     import ml_collections
     return ml_collections.ConfigDict(dict(
-        task="",               # a registered task or mixture (python -m switchzoo.tasks), or
+        task="",               # a registered task or mixture (python -m switchzoo.tasks; your
+                               # own mixture: tasks joined by "+"), or
                                # "files": your own (train_files, eval_files, inputs, targets)
         data_dir="",           # a "dir:" task's files ("": ~/switchzoo_data/<task>); tfds
                                # tasks read data.tfds_data_dir
@@ -69,7 +70,7 @@ def resolve(cfg) -> list[Task]:
         return [files_task(cfg)]
     if cfg.task in catalogue.MIXTURES:
         return [get(n) for n in catalogue.MIXTURES[cfg.task]]
-    return [get(cfg.task)]
+    return [get(n.strip()) for n in cfg.task.split("+")]      # "glue_sst2+glue_cola": a mixture
 
 
 class Columns(dict):

@@ -21,6 +21,8 @@ def _label(classes, value) -> str:
 
 
 def glue_format(benchmark: str, classes, features=None):
+    """T5's GLUE strings: ``features`` in that order, else the row's fields (not label, idx)
+    in sorted name order."""
     def preprocess(row: dict) -> Example:
         names = features or sorted(k for k in row if k not in _SKIP and not k.startswith("_"))
         text = " ".join([benchmark] + [f"{k}: {row[k]}" for k in names])
@@ -94,56 +96,64 @@ def movie_reviews(row: dict) -> Example:
     return Example(f"sentiment: {row['sentence']}", (row["label"],), row["label"])
 
 
-def _glue(name, classes, metrics, features=None, benchmark=None, tfds=None, splits=None):
+def _glue(name, classes, metrics, columns, benchmark=None, tfds=None, splits=None):
     return Task(f"glue_{name}", f"tfds:glue/{tfds or name}",
-                glue_format(benchmark or name, classes, features), metrics, classes,
-                splits=splits or Task.splits, about=f"GLUE {name.upper()} (T5's format)")
+                glue_format(benchmark or name, classes), metrics, classes,
+                splits=splits or Task.splits, about=f"GLUE {name.upper()} (T5's format)",
+                columns=columns)
 
 
 NLI = ("entailment", "not_entailment")
 TASKS = [
-    _glue("cola", ("unacceptable", "acceptable"), ("matthews",)),
-    _glue("sst2", ("negative", "positive"), ("accuracy",)),
-    _glue("mrpc", ("not_equivalent", "equivalent"), ("f1", "accuracy")),
-    _glue("qqp", ("not_duplicate", "duplicate"), ("f1", "accuracy")),
+    _glue("cola", ("unacceptable", "acceptable"), ("matthews",), ("sentence",)),
+    _glue("sst2", ("negative", "positive"), ("accuracy",), ("sentence",)),
+    _glue("mrpc", ("not_equivalent", "equivalent"), ("f1", "accuracy"),
+          ("sentence1", "sentence2")),
+    _glue("qqp", ("not_duplicate", "duplicate"), ("f1", "accuracy"),
+          ("question1", "question2")),
     _glue("mnli_matched", ("entailment", "neutral", "contradiction"), ("accuracy",),
-          benchmark="mnli", tfds="mnli", splits=(("train", "train"),
+          ("premise", "hypothesis"), benchmark="mnli", tfds="mnli", splits=(("train", "train"),
                                                  ("validation", "validation_matched"),
                                                  ("test", "test_matched"))),
     _glue("mnli_mismatched", ("entailment", "neutral", "contradiction"), ("accuracy",),
-          benchmark="mnli", tfds="mnli", splits=(("train", "train"),
+          ("premise", "hypothesis"), benchmark="mnli", tfds="mnli", splits=(("train", "train"),
                                                  ("validation", "validation_mismatched"),
                                                  ("test", "test_mismatched"))),
-    _glue("qnli", NLI, ("accuracy",)),
-    _glue("rte", NLI, ("accuracy",)),
-    _glue("wnli", ("not_entailment", "entailment"), ("accuracy",)),
+    _glue("qnli", NLI, ("accuracy",), ("question", "sentence")),
+    _glue("rte", NLI, ("accuracy",), ("sentence1", "sentence2")),
+    _glue("wnli", ("not_entailment", "entailment"), ("accuracy",), ("sentence1", "sentence2")),
     Task("glue_stsb", "tfds:glue/stsb", stsb, ("pearson", "spearman"), postprocess="float",
-         about="GLUE STS-B, targets rounded to 0.2 (T5's format)"),
+         about="GLUE STS-B, targets rounded to 0.2 (T5's format)",
+         columns=("sentence1", "sentence2")),
     Task("super_glue_boolq", "tfds:super_glue/boolq",
-         glue_format("boolq", ("False", "True")), ("accuracy",), ("False", "True")),
+         glue_format("boolq", ("False", "True")), ("accuracy",), ("False", "True"),
+         columns=("question", "passage")),
     Task("super_glue_cb", "tfds:super_glue/cb",
          glue_format("cb", ("entailment", "contradiction", "neutral")), ("macro_f1", "accuracy"),
-         ("entailment", "contradiction", "neutral")),
+         ("entailment", "contradiction", "neutral"), columns=("premise", "hypothesis")),
     Task("super_glue_copa", "tfds:super_glue/copa",
-         glue_format("copa", ("choice1", "choice2")), ("accuracy",), ("choice1", "choice2")),
+         glue_format("copa", ("choice1", "choice2")), ("accuracy",), ("choice1", "choice2"),
+         columns=("premise", "question", "choice1", "choice2")),
     Task("super_glue_multirc", "tfds:super_glue/multirc", multirc, ("multirc",),
-         ("False", "True")),
+         ("False", "True"), columns=("paragraph", "question", "answer")),
     Task("super_glue_record", "tfds:super_glue/record", record, ("squad",), postprocess="text",
-         max_target_length=32),
+         max_target_length=32, columns=("passage", "query", "entities")),
     Task("super_glue_rte", "tfds:super_glue/rte",
-         glue_format("rte", NLI), ("accuracy",), NLI),
+         glue_format("rte", NLI), ("accuracy",), NLI, columns=("premise", "hypothesis")),
     Task("super_glue_wic", "tfds:super_glue/wic",
          glue_format("wic", ("False", "True"), ("sentence1", "sentence2", "word")),
-         ("accuracy",), ("False", "True")),
-    Task("super_glue_wsc", "tfds:super_glue/wsc.fixed", wsc, ("accuracy",), ("False", "True")),
+         ("accuracy",), ("False", "True"), columns=("sentence1", "sentence2", "word")),
+    Task("super_glue_wsc", "tfds:super_glue/wsc.fixed", wsc, ("accuracy",), ("False", "True"),
+         columns=("text", "span1_index", "span1_text", "span2_index", "span2_text")),
     Task("squad_v1", "tfds:squad/v1.1", squad, ("squad",), postprocess="text",
-         max_target_length=32, reported="exact_match", splits=(("train", "train"), ("validation", "validation"))),
+         max_target_length=32, reported="exact_match", columns=("question", "context"), splits=(("train", "train"), ("validation", "validation"))),
     Task("xsum", "tfds:xsum", summarize("document", "summary"), ("rouge",), postprocess="text",
-         max_target_length=64, reported="rouge2"),
+         max_target_length=64, reported="rouge2", columns=("document",)),
     Task("cnn_dailymail", "tfds:cnn_dailymail", summarize("article", "highlights"), ("rouge",),
-         postprocess="text", max_target_length=128, reported="rouge2"),
+         postprocess="text", max_target_length=128, reported="rouge2", columns=("article",)),
     Task("movie_reviews", "dir:movie_reviews", movie_reviews, ("accuracy", "f1"),
          ("negative", "positive"), max_target_length=4, reported="accuracy",
+         columns=("sentence",),
          about="Rotten Tomatoes sentences rated by 20+ people (VADER's ground truth), "
                "positive above +0.5, negative below -0.5 (python -m "
                "switchzoo.tasks.movie_reviews --out DIR)"),

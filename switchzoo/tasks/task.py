@@ -38,6 +38,7 @@ class Task:
     max_target_length: int = 8               # decoding budget, in tokens
     about: str = ""
     reported: str = ""      # the score the Switch paper reports ("": the mean of the task's)
+    columns: tuple[str, ...] = ()      # the input columns an example is made of
 
     def split(self, name: str) -> str:
         return dict(self.splits).get(name, name)
