@@ -117,8 +117,9 @@ def init(model: str | ModelConfig, seed: int = 0, mesh=None, layout=None) -> Mod
 
 def from_pretrained(path, mesh=None, layout=None) -> Model:
     """Loads a Hugging Face SwitchTransformers directory onto ``mesh`` under ``layout``. Its
-    routing losses take transformers' convention (switchzoo.hf's module doc): the config's
-    router coefficients weigh each stack's mean over its Switch layers, not their sum.
+    routing losses take transformers' convention (moe.loss_reduction="pooled", switchzoo.hf's
+    module doc): the config's router coefficients weigh, per stack, one auxiliary loss of its
+    Switch layers' routing pooled and their mean z-loss, not switchzoo's sum over layers.
 
     A switchzoo run's workdir loads too: a fine-tune's best checkpoint (workdir/best/) where
     it has one, else its newest; its tokenizer travels as spiece.model (save_pretrained

@@ -65,7 +65,10 @@ NEUTRAL_BETWEEN = {
 }
 # What selects the evaluation examples (results_names); the rest is how they are evaluated.
 EVAL_SET = ("data.eval_files", "data.eval_split", "data.max_eval_examples",
-            "finetune.eval_split", "finetune.eval_files")
+            "finetune.eval_split", "finetune.eval_files",
+            # how many examples are decoded (0: perplexity only): an evaluation that decodes
+            # fewer measures less, and must not replace the run's own results
+            "eval.max_examples")
 
 
 def read_json(path: pathlib.Path, fix: str = FIX) -> dict:
@@ -238,9 +241,14 @@ def results_names(config, workdir: pathlib.Path) -> tuple[str, str, str]:
         files += task_files
         split = mine["finetune.eval_split"]
         parts += [[str(f.resolve()) for f in task_files], split]
+    decoded = ""
+    if own.get("eval.max_examples", mine["eval.max_examples"]) != mine["eval.max_examples"]:
+        parts.append(mine["eval.max_examples"])
+        decoded = ("perplexity_only" if mine["eval.max_examples"] == 0
+                   else f"decoded{mine['eval.max_examples']}")
     key = json.dumps(parts)
     stem = (files[0].name.split(".")[0] if files else mine["data.eval_split"] or split
-            or f"first{mine['data.max_eval_examples']}")
+            or decoded or f"first{mine['data.max_eval_examples']}")
     name = re.sub(r"[^\w-]+", "_", stem)[:40] + "-" + hashlib.sha1(key.encode()).hexdigest()[:8]
     what = ", ".join(f"{f}={mine[f]!r}" for f in EVAL_SET if own.get(f, mine[f]) != mine[f])
     return f"results-{name}.json", f"translations-{name}.txt", f"another evaluation set ({what})"

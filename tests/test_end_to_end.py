@@ -64,7 +64,10 @@ def test_train_resume_evaluate_and_restore_under_another_layout(files, tmp_path)
     other.eval.max_examples = 0                     # perplexity only: no translations
     again = evaluate.run(other, tmp_path, print_fn=lambda *_: None)
     assert abs(again["loss"] - results["loss"]) < 1e-4 and again["bleu"] is None
-    assert json.loads((tmp_path / "results.json").read_text())["bleu"] is None
+    # measuring less does not erase what the run's own evaluation measured: its own file
+    assert json.loads((tmp_path / "results.json").read_text())["bleu"] == results["bleu"]
+    (lesser,) = tmp_path.glob("results-*.json")            # results-<its set>-<hash>.json
+    assert json.loads(lesser.read_text())["bleu"] is None
 
 
 def test_fine_tuning_honours_moe_flags_and_the_run_evaluates(files, tmp_path):

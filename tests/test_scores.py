@@ -409,3 +409,21 @@ def test_fine_tunes_fill_table5_with_seeds_scored_at_different_best_steps(tmp_pa
     assert "| 84.3 | 81 |" in _row(text, "GLUE, T5-Base")           # paper | ours (mean)
     assert "| 86.7 | 85.5 |" in _row(text, "GLUE, Switch-Base")
     assert "| 75.1 | \u2014 |" in _row(text, "SuperGLUE, T5-Base")
+
+
+def test_an_evaluation_that_measures_less_gets_its_own_results_file(tmp_path):
+    """The README's perplexity-only command keeps the run's results.json (its BLEU); a
+    fine-tune scored on another split gets its own file too."""
+    from switchzoo import record
+    from switchzoo.configs import base, finetune
+    own = base.get_base()
+    (tmp_path / "config.json").write_text(own.to_json())
+    assert record.results_names(own, tmp_path)[0] == "results.json"
+    lesser = base.get_base()
+    lesser.eval.max_examples = 0
+    name, _, what = record.results_names(lesser, tmp_path)
+    assert name.startswith("results-perplexity_only-") and "eval.max_examples=0" in what
+    tuned = finetune.get_config("task=glue_sst2")
+    (tmp_path / "config.json").write_text(tuned.to_json())
+    tuned.finetune.eval_split = "test"
+    assert record.results_names(tuned, tmp_path)[0].startswith("results-test-")
