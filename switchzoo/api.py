@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import pathlib
 
@@ -98,14 +99,26 @@ class Model:
                                    greedy=not do_sample, temperature=temperature,
                                    top_k=top_k, eos_id=eos_token_id)
 
-    def save_pretrained(self, path) -> None:
+    def save_pretrained(self, path, expert_capacity: int | None = None) -> None:
         """Writes the Hugging Face SwitchTransformers format (config.json + model.safetensors;
         T5 for a dense model), refusing in one line a model transformers would compute otherwise
         (hf.refusal: renormalised gates, top-2, experts-choose, gated experts, ...), and the
         tokenizer files of the directory it was loaded from (spiece.model,
         tokenizer.json, ...: hf.TOKENIZER_FILES), so AutoTokenizer reads the copy too. A model
-        of ``init`` has no tokenizer."""
-        hf.save(path, self.cfg, self.params, self.hf_config, self.facts, self.tokenizer)
+        of ``init`` has no tokenizer.
+
+        ``expert_capacity``: export a model routed by capacity factors (a catalogue model, a
+        run) with that many slots per expert per sequence, as transformers routes; the
+        exported model is that routing (``from_pretrained`` of the copy computes what
+        transformers does). A model whose capacity is already fixed needs none."""
+        cfg = self.cfg
+        if expert_capacity is not None:
+            if cfg.moe is None or expert_capacity < 1:
+                raise ValueError(f"expert_capacity={expert_capacity}: a Switch model's slots "
+                                 "per expert per sequence, >= 1 (a dense model has none)")
+            cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, expert_capacity=expert_capacity,
+                                                      group_size=0, eval_groups="sequence"))
+        hf.save(path, cfg, self.params, self.hf_config, self.facts, self.tokenizer)
 
 
 def init(model: str | ModelConfig, seed: int = 0, mesh=None, layout=None) -> Model:

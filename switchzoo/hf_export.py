@@ -29,9 +29,11 @@ def refusal(cfg: ModelConfig) -> str | None:
     (one line, with what to do instead), or None: it can be written. Training-only settings
     (jitter, dropout, the routing losses) and execution ones (dispatch, scanning, remat,
     attention kernel, activation dtype) do not change the logits. Capacity is a run-time
-    setting in both libraries: a fixed moe.expert_capacity with one group per sequence is
-    written as it is (the same logits); a model routed in groups by capacity factors computes
-    the same logits wherever neither drops a token."""
+    setting in both libraries: a fixed moe.expert_capacity, each sequence routed alone at
+    evaluation (moe.eval_groups='sequence', the default, or group_size 0), is written as it is
+    (the same logits); capacity factors (slots that follow a group's length) have no Hugging
+    Face form, so such a model is refused, and save_pretrained(expert_capacity=N) exports it
+    with N fixed slots (api.Model.save_pretrained)."""
     keep = "keep it in switchzoo checkpoints (its run directory)"
     moe = cfg.moe
     if not cfg.is_encoder_decoder:
@@ -61,6 +63,17 @@ def refusal(cfg: ModelConfig) -> str | None:
                 else "a router balancing bias (moe.balance='bias')")
         return (f"the model has {what}, for which the Hugging Face SwitchTransformers format "
                 f"has no tensors; {keep}, and load Hugging Face weights into a model without it")
+    if moe.expert_capacity is None:
+        return ("moe.expert_capacity is unset: this model's capacity is a factor of each "
+                "routing group's tokens, transformers' a fixed number of slots per expert per "
+                "sequence, so the two would drop different tokens; save with "
+                "save_pretrained(path, expert_capacity=N) (the export then routes each sequence "
+                "with N slots per expert, as transformers does; N >= the longest sequence drops "
+                f"nothing), or {keep}")
+    if moe.group_size and moe.eval_groups == "train":
+        return (f"moe.eval_groups='train' routes groups of {moe.group_size} tokens across "
+                "sequences, where transformers routes each sequence alone; evaluate with "
+                f"moe.eval_groups='sequence', or {keep}")
     for stack, n, encoder in (("encoder", cfg.num_encoder_layers, True),
                               ("decoder", cfg.num_layers, False)):
         ours = tuple(i for i in range(n) if moe.is_sparse(i, encoder))
@@ -125,7 +138,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "architectures": ["SwitchTransformersForConditionalGeneration"],
         "model_type": "switch_transformers", **common,
         "num_sparse_encoder_layers": len(enc), "num_sparse_decoder_layers": len(dec),
-        "num_experts": moe.num_experts, "expert_capacity": moe.expert_capacity or 64,
+        "num_experts": moe.num_experts, "expert_capacity": moe.expert_capacity,
         "router_bias": False, "router_jitter_noise": moe.jitter, "router_dtype": "float32",
         "router_aux_loss_coef": aux, "router_z_loss_coef": z, "dense_act_fn": "relu",
     }

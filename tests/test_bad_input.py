@@ -78,7 +78,7 @@ def files(tmp_path_factory):
 def hf_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
     switchzoo.init(switchzoo.zoo.get("switch_base_tiny").replace(vocab_size=512)).save_pretrained(
-        root / "good")
+        root / "good", expert_capacity=64)       # a catalogue model: fixed slots to export
     return root
 
 

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+import switchzoo
 from switchzoo import api, hf, hf_export, steps, upcycle, weights
 from switchzoo import state as state_lib
 from switchzoo.config import ModelConfig, MoeConfig
@@ -207,3 +208,24 @@ def test_a_loaded_checkpoints_training_loss_is_transformers_loss(loss_checkpoint
                                float(out.encoder_z_loss + out.decoder_z_loss), rtol=1e-5)
     assert abs(float(metrics["cross_entropy"]) - out.loss.item()) > 1e-3   # routing counts
     assert abs(float(loss) - out.loss.item()) < 1e-4
+
+
+def test_a_model_routed_by_capacity_factors_is_refused_or_exported_with_fixed_slots(tmp_path):
+    """The catalogue's settings (group size 32, evaluation capacity factor 2.0) have no Hugging
+    Face form: refused in one line; with save_pretrained(expert_capacity=N) the export routes
+    each sequence with N slots, and transformers computes what switchzoo computes from it, at
+    an N that drops tokens (2 slots for up to 11 tokens over 4 experts)."""
+    cfg = BASE.replace(moe=dataclasses.replace(MOE, expert_capacity=None, group_size=32,
+                                               eval_capacity_factor=2.0))
+    ours = random_model(cfg)
+    with pytest.raises(hf.CheckpointError, match=r"^cannot save in Hugging Face format: "
+                                                 r"moe.expert_capacity is unset[^\n]*$"):
+        ours.save_pretrained(tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    ours.save_pretrained(tmp_path / "fixed", expert_capacity=2)
+    theirs = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "fixed").eval()
+    src, mask, dec = inputs(BASE.vocab_size)
+    reread = switchzoo.from_pretrained(tmp_path / "fixed")
+    assert reread.cfg.moe.expert_capacity == 2
+    got = np.asarray(reread(src, attention_mask=mask, decoder_input_ids=dec))
+    np.testing.assert_allclose(got, reference_logits(theirs, src, mask, dec), atol=1e-4)

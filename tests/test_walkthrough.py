@@ -7,7 +7,7 @@ from switchzoo import hf, machine
 def test_save_pretrained_writes_the_tokenizer_it_was_loaded_with(tmp_path):
     source = tmp_path / "switch-base-8"
     cfg = switchzoo.zoo.get("switch_base_tiny").replace(vocab_size=512)
-    switchzoo.init(cfg).save_pretrained(source)           # init: no tokenizer to write
+    switchzoo.init(cfg).save_pretrained(source, expert_capacity=64)   # init: no tokenizer
     assert not set(hf.TOKENIZER_FILES) & {p.name for p in source.iterdir()}
     files = {"spiece.model": b"\x0a\x05piece", "tokenizer_config.json": b'{"extra_ids": 100}',
              "special_tokens_map.json": b'{"eos_token": "</s>"}'}
