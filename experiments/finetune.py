@@ -9,6 +9,10 @@ each trained from scratch, and expert dropout 0.4 against 0.1.
         ... --runs switch_8_nojitter_lr0.08       # the span study's recipe at each one's best rate
     python experiments/finetune.py --pretrained runs/ft_pre --task-dir runs/movie_reviews \
         --out runs/finetune      # ~45 min on 2 CPU cores, two processes of --runs side by side
+    tail -n +2 runs/movie_reviews/validation.tsv | cut -f1 > runs/mr_validation.txt
+    python eval.py --workdir=runs/ft_pre/dense_lr0.04 \
+        --config.data.eval_files=$PWD/runs/mr_validation.txt       # and the Switch-8 run: the
+        # pre-trained models' span-corruption loss on the task's sentences
     python experiments/finetune.py ... --report [--publish]
 
 Every fine-tune is configs/finetune.py (Adafactor at a constant rate, dropout 0.1, expert
@@ -109,7 +113,10 @@ def baselines(task_dir: pathlib.Path) -> dict:
 
 
 def pretraining(directory: pathlib.Path) -> dict:
-    """Each pre-trained model's held-out span-corruption loss per evaluation step."""
+    """Each pre-trained model's held-out span-corruption loss per evaluation step, and on the
+    task's validation sentences (how far the task's text is from the pre-training text:
+    eval.py --workdir=RUN --config.data.eval_files=runs/mr_validation.txt, one sentence a
+    line)."""
     out = {}
     for name, (model, span) in PRETRAINED.items():
         path = directory / span / "metrics.jsonl"
@@ -117,6 +124,9 @@ def pretraining(directory: pathlib.Path) -> dict:
             out[name] = {"run": span, "model": model, "held_out_loss": {
                 r["step"]: round(r["loss"], 4) for r in map(json.loads, path.open())
                 if r.get("split") == "eval"}}
+            for result in (directory / span).glob("results-mr_validation-*.json"):
+                out[name]["movie_review_sentences_loss"] = round(
+                    json.loads(result.read_text())["loss"], 4)
     return out
 
 
