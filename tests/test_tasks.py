@@ -190,3 +190,19 @@ def test_your_inputs_become_the_tasks_strings():
     with pytest.raises(ValueError, match=r"in:1: task glue_mnli_matched reads several columns "
                                          r"\(premise, hypothesis\); write each input as a JSON"):
         predict.task_inputs(tasks.get("glue_mnli_matched"), ["plain"], "in", c)
+
+
+def test_the_best_metric_must_be_a_score_of_the_task():
+    tasks.check_best_metric([tasks.get("squad_v1")], "exact_match")
+    with pytest.raises(ValueError, match=r"best_metric='accuracy' is not a score of task "
+                                         r"squad_v1 \(it reports exact_match, f1\)"):
+        tasks.check_best_metric([tasks.get("squad_v1")], "accuracy")
+    from switchzoo.tasks import metrics as metrics_lib
+    cases = {"squad": (["yes", "no"], [("yes",), ("no",)]),
+             "pearson": (["1", "3", "2"], [1.0, 2.0, 3.0]),
+             "spearman": (["1", "3", "2"], [1.0, 2.0, 3.0])}
+    for name, scores in metrics_lib.SCORES.items():      # the table says what compute gives
+        preds, refs = cases.get(name, (["yes", "no"], ["yes", "yes"]))
+        got = metrics_lib.compute([name], preds, refs, ["q", "q"][:len(refs)] + ["r"],
+                                  ("no", "yes"))
+        assert set(got) == set(scores), name

@@ -176,6 +176,7 @@ def finetune_corpus(run, evaluating: bool) -> tuple[sources.Corpus, dict]:
     data.max_eval_examples), whose first targets are the eval pairs."""
     cfg = run.finetune
     members = tasks.resolve(cfg)
+    tasks.check_best_metric(members, cfg.best_metric)
     train, seen = [], set()
     if not evaluating:
         for task in members:

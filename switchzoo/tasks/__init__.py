@@ -94,6 +94,18 @@ class Columns(dict):
         return value
 
 
+def check_best_metric(members: list[Task], metric: str) -> None:
+    """finetune.best_metric names a score every member reports ("": the task's own)."""
+    if not metric:
+        return
+    for task in members:
+        have = {s for m in task.metrics for s in metrics_lib.SCORES[m]}
+        if metric not in have:
+            raise ValueError(f"--config.finetune.best_metric={metric!r} is not a score of task "
+                             f"{task.name} (it reports {', '.join(sorted(have))}); name one of "
+                             "those, or leave it empty for the task's reported score")
+
+
 def files_task(cfg) -> Task:
     """Your own task: templates over the files' columns, a label set or none, metrics by name."""
     missing = [k for k in ("train_files", "inputs", "targets", "metrics") if not cfg[k]]

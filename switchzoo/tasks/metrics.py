@@ -145,6 +145,12 @@ METRICS: dict[str, Callable[[Sequence[str] | None], Callable]] = {
     "bleu": lambda classes: bleu,
 }
 NEEDS_CLASSES = ("f1", "macro_f1")
+# the scores each metric reports (what finetune.best_metric may name)
+SCORES = {"accuracy": ("accuracy",), "f1": ("f1",), "macro_f1": ("macro_f1",),
+          "matthews": ("matthews_corr",), "pearson": ("pearson_corr",),
+          "spearman": ("spearman_corr",), "squad": ("exact_match", "f1"),
+          "multirc": ("f1", "exact_match"), "rouge": ("rouge1", "rouge2", "rougeLsum"),
+          "bleu": ("bleu",)}
 
 
 def check(names: Sequence[str], classes: Sequence[str] | None, where: str) -> None:
