@@ -39,6 +39,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
 
 from switchzoo import atomic, machine, noise  # noqa: E402
 from switchzoo.tasks import tables  # noqa: E402
@@ -134,6 +135,7 @@ def collect(args) -> dict:
     result = {"runs": {}, "baselines": baselines(args.task_dir), "steps": args.steps,
               "eval_every": args.eval_every, "learning_rate": args.learning_rate,
               "noise_rule": noise.RULE, "pretraining": pretraining(args.pretrained),
+              "commit": args.commit,
               "machine": machine.describe()}
     for name, run in runs().items():
         test = args.out / name / "results-test.json"
@@ -170,12 +172,13 @@ def comparisons(result: dict) -> dict:
     out = {}
     for key, (a, b) in pairs.items():
         c = noise.compare(by_seed(result, a), by_seed(result, b), higher_is_better=True)
-        out[key] = {**c, "verdict": noise.verdict(c)}
+        out[key] = {**c, "runs": [a, b], "verdict": noise.verdict(c)}
     mine = by_seed(result, "switch_8_pretrained")
     for base in ("vader", "majority"):
         value = result["baselines"][base]["accuracy"]
         c = noise.compare(mine, {s: value for s in mine}, higher_is_better=True)
-        out[f"switch_pretrained_vs_{base}"] = {**c, "verdict": noise.verdict(c)}
+        out[f"switch_pretrained_vs_{base}"] = {**c, "runs": ["switch_8_pretrained", base],
+                                               "verdict": noise.verdict(c)}
     return out
 
 
@@ -220,6 +223,9 @@ def main(argv=None) -> int:
                         "524k-step pre-training ends; these models' 3,000 steps end near 0.01)")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--report", action="store_true", help="only collect what has run")
+    p.add_argument("--commit", default=subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+        text=True).stdout.strip(), help="the commit the runs trained with (default: HEAD)")
     p.add_argument("--publish", action="store_true", help="write docs/finetune.json and "
                                                           "docs/figures/finetune.png")
     args = p.parse_args(argv)
@@ -234,6 +240,9 @@ def main(argv=None) -> int:
     where = ROOT / "docs" if args.publish else args.out
     atomic.write_text(where / "finetune.json", json.dumps(result, indent=1) + "\n")
     plot(result, where / "figures" / "finetune.png")
+    if args.publish:
+        import orderings                  # the table of every published verdict, kept fresh
+        print(f"wrote {orderings.write(ROOT / 'docs')}")
     for key, c in result["comparisons"].items():
         print(f"{key:34} margin {c['margin']} noise {c['noise']} -> {c['verdict']}")
     return 0

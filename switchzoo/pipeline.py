@@ -183,7 +183,29 @@ def check(layout, cfg, stack_groups: dict[str, int], batch: int | None = None) -
         raise ValueError(f"the batch of {batch} rows does not divide into "
                          f"{p.microbatches} pipeline micro-batches; choose "
                          "pipeline_microbatches dividing the global batch")
+    if batch is not None and cfg.moe is not None:
+        check_routing(layout, p, batch)
     return p
+
+
+def check_routing(layout, p: Plan, batch: int) -> None:
+    """Refuses micro-batches whose rows do not split over the batch's shards: the stages would
+    run unsharded (``shards``), and a Switch layer would route other groups than the
+    unpipelined step does (other losses and gradients, silently). Names the counts that fit."""
+    size = layout.mesh.shape
+    count = math.prod(size[a] for a in layout.axes("batch") if size[a] > 1)
+    rows = batch // p.microbatches
+    if count == 1 or rows % count == 0:
+        return
+    least = p.stages if p.repeats > 1 else 1
+    fits = [m for m in range(least, batch + 1) if batch % m == 0 and (batch // m) % count == 0]
+    below = [m for m in fits if m <= p.microbatches]
+    hint = (f"use --config.pipeline_microbatches={below[-1] if below else fits[0]}"
+            if fits else f"use a global batch that is a multiple of {count} x the micro-batches")
+    raise ValueError(f"pipeline_microbatches={p.microbatches} gives micro-batches of {rows} "
+                     f"rows, which do not split over the batch's {count} shards: the stages "
+                     "would run unsharded and the Switch layers route other groups than the "
+                     f"unpipelined step; {hint} (micro-batch rows a multiple of {count})")
 
 
 def schedule(p: Plan) -> dict[str, np.ndarray]:

@@ -24,7 +24,8 @@ def args(workdir, steps, layout="dp_ep"):
     return [sys.executable, "train.py", f"--config=configs/mini.py:model=switch_base_tiny,task=translation,steps={steps}",
             "--config.log_every_steps=1", "--config.checkpoint_every_steps=2",
             "--config.eval_every_steps=0", "--config.per_device_batch_size=2",
-            "--config.data.max_eval_examples=40",     # eval_args' set: the run's own results.json
+            # eval_args' set (its examples, and how many it decodes): the run's own results.json
+            "--config.data.max_eval_examples=40", "--config.eval.max_examples=12",
             "--config.learning_rate=3e-5",       # barely trained: its outputs are not all EOS
             # T5's init, not the Switch catalogue's 0.1: the latter's near-uniform first steps
             # decode EOS first, and empty translations would compare equal whatever ran

@@ -190,3 +190,17 @@ def test_run_settings_a_pipeline_cannot_take_are_refused_before_anything_is_writ
                                          r"layout with 'layers:stage'"):
         loop.train(run_config(pipeline_microbatches=4), tmp_path / "b", print_fn=lambda *_: None)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_micro_batches_that_would_change_the_routing_groups_are_refused(tmp_path):
+    """stage 2 x data 4, 16 rows in 8 micro-batches: 2 rows do not split over 4 batch shards,
+    the stages would run unsharded and Switch would route other groups: refused in one line,
+    naming the count that keeps the unpipelined step's groups (4: 4 rows a micro-batch)."""
+    c = run_config(layout="dp_pp", mesh="stage:2,data:4", pipeline_microbatches=8,
+                   per_device_batch_size=2)
+    assert state_lib.global_batch_size(c) == 16
+    with pytest.raises(ValueError, match=r"pipeline_microbatches=8 gives micro-batches of 2 rows, "
+                                         r"which do not split over the batch's 4 shards.*use "
+                                         r"--config.pipeline_microbatches=4 "):
+        loop.train(c, tmp_path / "run", print_fn=lambda *_: None)
+    assert not (tmp_path / "run").exists()

@@ -121,7 +121,9 @@ def test_a_checkpoint_of_either_form_loads_in_the_other(cfg):
 
 
 def test_hugging_face_export_of_a_scanned_model_writes_per_layer_names_and_loads_back(tmp_path):
-    cfg = ENC_DEC.replace(scan_layers=True)
+    # fixed slots per sequence: the routing a Hugging Face checkpoint can hold
+    cfg = ENC_DEC.replace(scan_layers=True,
+                          moe=dataclasses.replace(ENC_DEC.moe, expert_capacity=16))
     params = pure_params(cfg)
     hf.save(tmp_path, cfg, params)
     pretrained = hf.read_config(tmp_path)
