@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 from orbax.checkpoint._src.metadata import array_metadata_store     # as Orbax's own default
 
-from switchzoo import workdir
+from switchzoo import integrity, workdir
 from switchzoo.state import TrainState
 
 # Orbax splits each replicated array among the replicas that hold it, so that each writes a
@@ -81,6 +81,10 @@ class Checkpoints:
         that creates, removes and writes nothing, so it may read a run while it trains."""
         self.directory = pathlib.Path(directory).resolve()
         self.saving, self.needed, self.closed = None, None, False
+        # the step whose integrity record is owed once its save has finished (process 0 of a
+        # manager that writes; switchzoo.integrity)
+        self.recording = not read_only and jax.process_index() == 0
+        self.unrecorded = None
         with _quiet() if read_only else contextlib.nullcontext():   # not Orbax's "read only"
             self.manager = self._manager(every, keep, use_async, writer, read_only)
 
@@ -109,6 +113,7 @@ class Checkpoints:
             return False
         self.wait()                 # the save before (Orbax waits for it too): its fault is its
         self.saving = step
+        self._owe(step)
         self.needed = sum(x.nbytes for x in jax.tree.leaves((state.params, state.opt_state)))
         with self._faults():
             return self.manager.save(step, args=ocp.args.Composite(
@@ -153,12 +158,26 @@ class Checkpoints:
     def save_params(self, step: int, params) -> None:
         """A checkpoint of the weights alone (an upcycled model: what init_from and evaluation
         restore; it cannot resume a run), written before this returns."""
+        self._owe(step)
         self.manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params)),
                           force=True)
-        self.manager.wait_until_finished()
+        self.wait()
+
+    def _owe(self, step: int) -> None:
+        if self.recording:
+            integrity.forget(self.directory, step)
+            self.unrecorded = step
+
+    def _record(self) -> None:
+        """The integrity record of the save that has just finished (committed)."""
+        if self.unrecorded is not None:
+            integrity.write(self.directory, self.unrecorded)
+            self.unrecorded = None
 
     def restore(self, step: int, abstract: TrainState, shardings: TrainState):
-        """(TrainState with ``shardings``, data-iterator state) of checkpoint ``step``."""
+        """(TrainState with ``shardings``, data-iterator state) of checkpoint ``step``, its files
+        first checked against its integrity record (integrity.DamagedCheckpoint)."""
+        integrity.verify(self.directory, step)
         optimizer = {"step": abstract.step, "opt_state": abstract.opt_state}
         optimizer_sh = {"step": shardings.step, "opt_state": shardings.opt_state}
         out = self.manager.restore(step, args=ocp.args.Composite(
@@ -169,7 +188,9 @@ class Checkpoints:
                 out.data)
 
     def restore_params(self, step: int, abstract_params, shardings):
-        """The parameters of checkpoint ``step`` alone, in ``shardings``."""
+        """The parameters of checkpoint ``step`` alone, in ``shardings`` (checked as
+        ``restore``'s)."""
+        integrity.verify(self.directory, step)
         out = self.manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(_target(abstract_params, shardings))))
         return out.params
@@ -177,11 +198,13 @@ class Checkpoints:
     def wait(self) -> None:
         with self._faults():
             self.manager.wait_until_finished()
+        self._record()
 
     def close(self) -> None:
         if self.closed:
             return
         with self._faults():
             self.manager.wait_until_finished()
+        self._record()
         self.manager.close()
         self.closed = True

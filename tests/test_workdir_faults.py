@@ -258,3 +258,35 @@ def test_a_resume_on_other_devices_is_judged_by_its_global_batch(copy):
                                          r"trained"):
         loop.train(config(steps=7), copy, print_fn=QUIET)
     assert snapshot(copy) == before
+
+
+def params_file(workdir, step):
+    """The largest array data file of checkpoint ``step``'s parameters."""
+    files = [f for f in (workdir / "checkpoints" / str(step) / "params").rglob("*")
+             if f.is_file() and f.parent.name == "d"]
+    return max(files, key=lambda f: f.stat().st_size)
+
+
+DAMAGE = {      # one array file of the newest checkpoint
+    "cut_to_1000_bytes": lambda b: b[:1000],
+    "cut_to_half": lambda b: b[:len(b) // 2],
+    "64_bytes_overwritten": lambda b: b[:len(b) // 2] + bytes(range(64)) + b[len(b) // 2 + 64:],
+}
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGE))
+def test_one_damaged_array_file_is_named_and_never_trained_on(copy, how):
+    """One array file of step 6 cut short, or 64 bytes inside it overwritten (which Orbax
+    restores without a word): train.py's resume and eval.py both stop in one line naming step 6
+    and the step that restores, from the integrity record written with each checkpoint."""
+    assert (copy / "checkpoints-integrity" / "6.json").is_file()
+    target = params_file(copy, 6)
+    target.write_bytes(DAMAGE[how](target.read_bytes()))
+    before = snapshot(copy)
+    line = (r"checkpoint 6 in .* is damaged \(.*\); step 3 is the newest that restores: "
+            r"{} from it with --config.restore_step=3 \(nothing was deleted")
+    with pytest.raises(ValueError, match=line.format("resume")):
+        loop.train(config(steps=7), copy, print_fn=QUIET)
+    with pytest.raises(ValueError, match=line.format("evaluate")):
+        evaluate.run(evaluate.load_config(copy), copy, print_fn=QUIET)
+    assert snapshot(copy) == before
