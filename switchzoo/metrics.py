@@ -49,7 +49,7 @@ class Throughput:
         return tokens / seconds if steps and seconds > 0 else None
 
 
-def summary_writer(path):
+def summary_writer(path, purge_step: int | None = None):
     """tensorboardX's SummaryWriter, imported without torch: where torch is installed,
     tensorboardX imports it for an isinstance check we never need (we log floats), which cost
     every train.py process ~1.8 s and ~300 MB here."""
@@ -61,7 +61,9 @@ def summary_writer(path):
     finally:
         if hide:
             del sys.modules["torch"]
-    return SummaryWriter(str(path))
+    # purge_step: TensorBoard drops the earlier files' events from that step on (a resume's
+    # replayed steps)
+    return SummaryWriter(str(path), purge_step=purge_step)
 
 
 METRICS_FILE = "metrics.jsonl"
@@ -82,6 +84,28 @@ def mend_cut_line(path: pathlib.Path, stream=sys.stderr) -> None:
           "ignored and logging goes on from the next line", file=stream)
     with open(path, "a") as f:
         f.write("\n")
+
+
+def drop_replayed(path: pathlib.Path, step: int) -> int:
+    """Removes the rows of steps after ``step`` (the checkpoint a run resumes from): steps a
+    crashed run logged but whose checkpoint never committed are trained again, and each step
+    is recorded once, as the replay logs it; the rows replaced are appended to
+    metrics-replaced-after-STEP.jsonl beside it. Returns how many rows went."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    kept, dropped = [], []
+    for line in lines:
+        try:
+            row_step = json.loads(line).get("step", 0)
+        except (json.JSONDecodeError, AttributeError):
+            row_step = 0                    # a cut line: read_rows skips it anyway
+        (kept if row_step <= step else dropped).append(line)
+    if dropped:                     # kept beside, never lost: the abandoned steps' rows
+        with open(path.with_name(f"metrics-replaced-after-{step}.jsonl"), "a") as f:
+            f.write("".join(dropped))
+        atomic.write_text(path, "".join(kept))
+    return len(lines) - len(kept)
 
 
 def read_rows(path) -> list[dict]:
@@ -108,13 +132,15 @@ class Writer:
         self.active = jax.process_index() == 0      # one process writes
         if self.active:             # before the bar: the warning gets a line of its own
             mend_cut_line(self.path / METRICS_FILE, stream)
+            drop_replayed(self.path / METRICS_FILE, start_step)
         # Steps, ETA from the steps run in this process (resumed ones excluded), loss, tok/s.
         self.bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", file=stream,
                              disable=not self.active, dynamic_ncols=True, leave=True,
                              bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}"
                                         "{postfix}]")
         if self.active:
-            self.tb = summary_writer(self.path / "tensorboard")
+            self.tb = summary_writer(self.path / "tensorboard",
+                                     purge_step=start_step + 1 if start_step else None)
 
     def write(self, record: dict, prefix: str = "train") -> None:
         if not self.active:

@@ -6,6 +6,7 @@ import json
 import pathlib
 import shutil
 import subprocess
+import struct
 import sys
 
 import pytest
@@ -290,3 +291,32 @@ def test_one_damaged_array_file_is_named_and_never_trained_on(copy, how):
     with pytest.raises(ValueError, match=line.format("evaluate")):
         evaluate.run(evaluate.load_config(copy), copy, print_fn=QUIET)
     assert snapshot(copy) == before
+
+
+def tb_events(directory: pathlib.Path) -> list:
+    """The events of one TensorBoard file (TFRecord: length, crc, data, crc), as protos."""
+    from tensorboardX.proto import event_pb2
+    blob, events, at = directory.read_bytes(), [], 0
+    while at < len(blob):
+        (n,) = struct.unpack("<Q", blob[at:at + 8])
+        events.append(event_pb2.Event.FromString(blob[at + 12:at + 12 + n]))
+        at += 12 + n + 4
+    return events
+
+
+def test_steps_replayed_after_a_lost_checkpoint_are_recorded_once(copy):
+    """A crash lost checkpoint 6 after its steps were logged: the resume from 3 trains 4-6
+    again; metrics.jsonl holds each step once (the replay's rows; the replaced ones kept in
+    metrics-replaced-after-3.jsonl) and TensorBoard is told to drop the old events from step 4."""
+    old = [r for r in map(json.loads, (copy / "metrics.jsonl").open()) if r["split"] == "train"]
+    shutil.rmtree(copy / "checkpoints" / "6")
+    loop.train(config(steps=7), copy, print_fn=QUIET)
+    rows = [r for r in map(json.loads, (copy / "metrics.jsonl").open()) if r["split"] == "train"]
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(set(steps)) and steps[-1] == 7
+    replaced = [json.loads(x) for x in (copy / "metrics-replaced-after-3.jsonl").open()]
+    assert [r["step"] for r in replaced] == [r["step"] for r in old if r["step"] > 3]
+    newest = max((copy / "tensorboard").glob("events.*"), key=lambda p: p.stat().st_mtime_ns)
+    purge = [e for e in tb_events(newest) if e.HasField("session_log")]
+    assert purge and purge[0].session_log.status == purge[0].session_log.START
+    assert purge[0].step == 4
