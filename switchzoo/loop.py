@@ -124,11 +124,12 @@ def save_config(workdir: pathlib.Path, config, cfg, start: int = 0) -> list[str]
             f"{record.describe(changes)}"] if changes else []
 
 
-def train(config, workdir, print_fn=print) -> dict:
+def train(config, workdir, print_fn=print, lock: bool = True) -> dict:
     """Runs (or resumes) the run of ``config`` in ``workdir``; returns the last logged row.
-    The run is the workdir's one writer (it holds its lock, switchzoo.workdir, while it runs),
-    and takes SIGINT (Ctrl-C) as it takes SIGTERM: a preemption (Preemption)."""
-    lock = workdir_lib.Lock(workdir)
+    The run is the workdir's one writer (it holds its lock, switchzoo.workdir, while it runs;
+    ``lock`` False: train.py --nolock, on a filesystem without locks, at the user's risk), and
+    takes SIGINT (Ctrl-C) as it takes SIGTERM: a preemption (Preemption)."""
+    lock = workdir_lib.Lock(workdir, enabled=lock)
     try:
         with Preemption() as interrupts:
             return _train(config, workdir, print_fn, lock, interrupts)

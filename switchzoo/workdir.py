@@ -4,7 +4,15 @@ an ``flock``ed lock file while it runs), a full disk and a read-only mount.
 The lock is the kernel's: it goes with the process that holds it, however that process ends, so
 a killed run leaves no stale lock (its file, if left, is taken over by the next run). The holder
 writes who it is (host, pid, since when) into the file, for the refusal to name. A leaf module:
-it imports nothing of switchzoo."""
+it imports nothing of switchzoo.
+
+What the lock guarantees on a shared filesystem: flock excludes every other train.py whose
+kernel sees the same lock, so on a local disk, and on NFS v4 (locks held by the server) and
+Lustre mounted with ``-o flock`` across hosts, one run writes a workdir at a time. Lustre with
+``localflock`` excludes only the processes of one host; where the filesystem refuses locks
+altogether (NFS without its lock manager, Lustre without either option, many FUSE mounts:
+ENOLCK, ENOSYS, EOPNOTSUPP) nothing is guaranteed, and train.py refuses to start unless told
+``--nolock`` (then it is the user's to run one train.py per workdir)."""
 from __future__ import annotations
 
 import errno
@@ -18,6 +26,7 @@ import time
 LOCK_NAME = "train.lock"
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP)
 
 
 class Refused(ValueError):
@@ -38,13 +47,22 @@ class Lock:
     the workdir cannot be written; ``release`` removes the lock file (still holding it, so no
     one can take a file about to vanish) and the directories ``take`` created, where empty."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, enabled: bool = True):
         self.workdir = pathlib.Path(workdir).absolute()
         self.path = self.workdir / LOCK_NAME
         self.fd: int | None = None
         self.created: list[pathlib.Path] = []
+        self.enabled = enabled          # False: --nolock, on a filesystem without locks
 
     def take(self) -> None:
+        if not self.enabled:
+            why = not_writable(self.workdir)
+            if why:
+                raise Refused(f"{why}: train.py cannot write --workdir={self.workdir}")
+            return
+        self._take()
+
+    def _take(self) -> None:
         why = not_writable(self.workdir)
         if why:
             raise Refused(f"{why}: train.py writes checkpoints, metrics and config.json in "
@@ -58,6 +76,7 @@ class Lock:
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)
             while True:
+                existed = self.path.exists()
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -67,6 +86,18 @@ class Lock:
                     raise Busy(f"{self.workdir} is in use: train.py {holder} holds "
                                f"{self.path}; wait for that run to end (or stop it), or use "
                                "another --workdir (nothing was changed)") from None
+                except OSError as e:
+                    os.close(fd)
+                    if e.errno not in NO_LOCKS:
+                        raise
+                    if not existed:               # the workdir as it was
+                        self.path.unlink(missing_ok=True)
+                    raise Refused(
+                        f"{self.workdir}: its filesystem does not support file locks (flock: "
+                        f"{e.strerror}), so train.py cannot make sure it is the workdir's only "
+                        "writer (nothing was changed); use a workdir on a filesystem with "
+                        "locks (a local disk, NFS v4, Lustre with -o flock), or add --nolock "
+                        "and run one train.py per workdir yourself") from None
                 try:                      # the file we locked may have been removed meanwhile
                     same = os.path.samestat(os.fstat(fd), os.stat(self.path))
                 except FileNotFoundError:
@@ -79,6 +110,9 @@ class Lock:
                       "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        except Refused:
+            self.release()              # the directories it created, where empty
+            raise
         except OSError as e:
             self.release()
             raise explain(e, self.path) or e from e

@@ -300,3 +300,32 @@ def test_a_read_only_run_is_evaluated_with_output_and_never_trained(trained, tmp
     finally:
         if mounted:
             subprocess.run(["umount", str(ro)], check=True)
+
+
+@pytest.mark.parametrize("code", ["ENOLCK", "ENOSYS", "EOPNOTSUPP"])
+def test_a_filesystem_without_locks_is_one_line_and_the_workdir_stays_as_it_was(
+        tmp_path, monkeypatch, code):
+    """flock refused by the filesystem (NFS without its lock manager, Lustre without -o
+    flock, FUSE: the kernel's answer is simulated here, the files are real): one line with
+    the way out (--nolock), and neither the new workdir nor its lock file is left behind."""
+    import errno
+    import fcntl
+    from switchzoo import workdir as workdir_lib
+
+    def refuse(fd, how):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    lock = workdir_lib.Lock(tmp_path / "new" / "run")
+    with pytest.raises(workdir_lib.Refused, match=r"run: its filesystem does not support file "
+                                                  r"locks \(flock: .*\).* add --nolock") as e:
+        lock.take()
+    assert "\n" not in str(e.value) and not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text("{}")
+    with pytest.raises(workdir_lib.Refused):
+        workdir_lib.Lock(tmp_path / "old").take()
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["config.json"]
+    unlocked = workdir_lib.Lock(tmp_path / "old", enabled=False)     # --nolock
+    unlocked.take()
+    unlocked.release()
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["config.json"]

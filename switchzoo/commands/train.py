@@ -37,6 +37,9 @@ flags.DEFINE_string("hardware", None, "--search_layout: hardware profile (layout
 flags.DEFINE_float("memory_gib", None, "--search_layout: memory budget per device (default: "
                    "the profile's).")
 flags.DEFINE_string("write_layout", None, "--search_layout: save the winner as layouts/NAME.toml.")
+flags.DEFINE_bool("lock", True, "Hold the workdir's lock file while the run writes it (flock). "
+                  "--nolock: on a filesystem without file locks (some NFS, Lustre and FUSE "
+                  "mounts), at your own risk: run one train.py per workdir yourself.")
 flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 cli.define_distributed_flags()
 
@@ -49,6 +52,8 @@ def main(argv):
     if search_only and not f.search_layout:
         cli.bad_flag(f"--{search_only[0]} is read only with --search_layout; drop it or add "
                      "--search_layout")
+    if f["lock"].present and (f.search_layout or f.dry_run):
+        cli.bad_flag("--nolock is read only by a run that writes a --workdir; drop it")
     if f.search_layout:
         if f.dry_run or f.workdir:
             cli.bad_flag("--search_layout runs nothing and writes no workdir: drop "
@@ -65,7 +70,8 @@ def main(argv):
         cli.bad_flag("--workdir is required: the directory for checkpoints, metrics and "
                      "config.json (or --dry_run to only compile)")
     else:
-        cli.run(lambda: (cli.initialize_distributed(), loop.train(f.config, f.workdir)))
+        cli.run(lambda: (cli.initialize_distributed(),
+                         loop.train(f.config, f.workdir, lock=f.lock)))
 
 
 def _search_layout(f) -> None:
