@@ -21,9 +21,11 @@ import statistics
 from typing import Mapping
 
 NOISE = 2.0
+RESOLUTION = 1e-4          # the values' recorded precision: no noise is measured finer
 RULE = ("like for like over the seeds both ran; margin: the mean same-seed gap; noise: the "
         "spread of the same-seed gaps (two or more seeds), else the study's largest seed spread "
-        "of one model; beyond noise: |margin| > 2 x noise")
+        "of one model; beyond noise: |margin| > 2 x noise (a noise below the values' recorded "
+        "1e-4 counts as 1e-4)")
 
 
 def spread(values) -> float | None:
@@ -58,11 +60,12 @@ def compare(a: Mapping[int, float], b: Mapping[int, float], ref: float | None = 
     if noise is None:
         return out
     # the values are recorded to 4 decimals: a spread below that (two equal gaps) is no
-    # measurement of noise finer than it, so the ratio is left out rather than ~1e14
+    # measurement of noise finer than it, so the ratio is left out rather than ~1e14, and a
+    # margin is judged against that resolution: gaps of 3e-5 are not "beyond" a noise of 0
     noise = round(noise, 4)
     out.update(noise=noise, noise_from=source,
                ratio=round(abs(margin) / noise, 1) if noise > 0 else None,
-               beyond_noise=abs(margin) > NOISE * noise)
+               beyond_noise=abs(margin) > NOISE * max(noise, RESOLUTION))
     return out
 
 

@@ -94,6 +94,11 @@ def test_the_noise_rule_judges_same_seed_gaps_like_for_like():
     equal = noise.compare({0: 4.4974, 1: 4.4862}, {0: 4.6264, 1: 4.6152})
     assert equal["gaps"] == [0.129, 0.129] and equal["noise"] == 0.0
     assert equal["ratio"] is None and equal["beyond_noise"] is True
+    # ... but a gap finer than the values' 4 decimals is not beyond a noise that rounds to 0:
+    # same-seed gaps of 3e-5 are judged against the resolution 1e-4, within noise
+    tiny = noise.compare({0: 1.00000, 1: 2.00000}, {0: 1.00003, 1: 2.00003})
+    assert tiny["noise"] == 0.0 and tiny["beyond_noise"] is False
+    assert noise.verdict(tiny) == "better, within noise"
     assert noise.reference({"a": {0: 1.0, 1: 1.3}, "b": {0: 2.0, 1: 2.1}, "c": {0: 9.0}}) \
         == pytest.approx(0.3)
 
