@@ -85,8 +85,14 @@ def run(config, workdir, inputs: str, predictions: str = "-", checkpoint: str = 
                                                    tok.num_pieces)
     model = api.Model(setup.cfg, setup.graphdef, params, layout)
     if config.task == "text2text":
-        (task,) = tasks.resolve(config.finetune)[:1]
-        outs = evaluate.translate(model, _Texts(tok), task_inputs(task, lines, where, config), config,
+        members = tasks.resolve(config.finetune)
+        if len(members) > 1:
+            raise ValueError(f"--predict reads the inputs of one task; this run fine-tuned the "
+                             f"mixture {config.finetune.task} ({len(members)} tasks), whose "
+                             "inputs name no task: score its members with eval.py instead")
+        (task,) = members
+        inputs_ = task_inputs(task, lines, where, config)
+        outs = evaluate.translate(model, _Texts(tok), inputs_, config,
                                   share, max_new=task.max_target_length, beams=1)
     else:
         outs = evaluate.translate(model, _Texts(tok), lines, config, share)

@@ -124,7 +124,8 @@ def _pipelined(config) -> bool:
 
 # field: (reads it?, who reads it) -- a field set away from its default where nothing reads it
 # is refused.
-_SOURCES = {"train_files": ("files",), "eval_files": ("files",), "tfds_name": ("tfds",), "train_split": ("tfds",), "eval_split": ("tfds",),
+_SOURCES = {"train_files": ("files",), "eval_files": ("files",), "tfds_name": ("tfds",),
+            "train_split": ("tfds",), "eval_split": ("tfds",),
             "pair": ("embedded", "tfds"), "embedded_max_pairs": ("embedded",),
             "locale_dir": ("embedded",)}
 READERS = {
