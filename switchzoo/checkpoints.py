@@ -10,6 +10,7 @@ import contextlib
 import logging
 import pathlib
 import shutil
+import threading
 
 import jax
 import orbax.checkpoint as ocp
@@ -84,7 +85,7 @@ class Checkpoints:
         # the step whose integrity record is owed once its save has finished (process 0 of a
         # manager that writes; switchzoo.integrity)
         self.recording = not read_only and jax.process_index() == 0
-        self.unrecorded = None
+        self.unrecorded, self.hashing = None, None
         with _quiet() if read_only else contextlib.nullcontext():   # not Orbax's "read only"
             self.manager = self._manager(every, keep, use_async, writer, read_only)
 
@@ -164,15 +165,27 @@ class Checkpoints:
         self.wait()
 
     def _owe(self, step: int) -> None:
+        self._recorded()            # before this save can rotate the step being hashed away
         if self.recording:
             integrity.forget(self.directory, step)
             self.unrecorded = step
 
     def _record(self) -> None:
-        """The integrity record of the save that has just finished (committed)."""
+        """The integrity record of the save that has just finished (committed), hashed in a
+        thread of its own while training goes on (the files are final once committed); the
+        one before is waited for first, and close() waits for the last."""
+        self._recorded()
         if self.unrecorded is not None:
-            integrity.write(self.directory, self.unrecorded)
+            self.hashing = threading.Thread(target=integrity.write,
+                                            args=(self.directory, self.unrecorded),
+                                            name=f"integrity-{self.unrecorded}", daemon=True)
+            self.hashing.start()
             self.unrecorded = None
+
+    def _recorded(self) -> None:
+        if self.hashing is not None:
+            self.hashing.join()
+            self.hashing = None
 
     def restore(self, step: int, abstract: TrainState, shardings: TrainState):
         """(TrainState with ``shardings``, data-iterator state) of checkpoint ``step``, its files
@@ -206,5 +219,6 @@ class Checkpoints:
         with self._faults():
             self.manager.wait_until_finished()
         self._record()
+        self._recorded()            # the run ends with every committed step recorded
         self.manager.close()
         self.closed = True

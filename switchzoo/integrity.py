@@ -1,5 +1,6 @@
 """An integrity record per checkpoint: the size and sha256 of every file of a committed step,
-written when the save is known to have finished, and checked before the step is restored.
+written when the save is known to have finished (hashed in a thread while training goes on:
+switchzoo.checkpoints), and checked before the step is restored.
 
 Orbax notices a file cut short only sometimes (a bare Exception from deep in TensorStore) and
 bytes overwritten inside an array's data never: such a checkpoint restores, and the run trains
@@ -51,7 +52,10 @@ def write(directory: pathlib.Path, step: int) -> None:
     step_dir = directory / str(step)
     if not step_dir.is_dir():
         return
-    files = {name: [p.stat().st_size, _digest(p)] for name, p in _files(step_dir).items()}
+    try:
+        files = {name: [p.stat().st_size, _digest(p)] for name, p in _files(step_dir).items()}
+    except FileNotFoundError:       # the step was removed meanwhile: nothing to record
+        return
     out = record_dir(directory)
     out.mkdir(exist_ok=True)
     atomic.write_text(out / f"{step}.json", json.dumps({"step": step, "files": files}) + "\n")

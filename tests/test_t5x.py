@@ -8,11 +8,13 @@ import shutil
 
 import numpy as np
 import pytest
+from flax import traverse_util
 
 import switchzoo
 from switchzoo import hf, t5x, weights
 
 from conftest import Lazy
+from test_hf import inputs, reference_logits
 
 torch, transformers = Lazy("torch"), Lazy("transformers")
 
@@ -87,17 +89,6 @@ def to_flaxformer(tensors: dict, tied: bool) -> dict:
     return out
 
 
-def nest(flat: dict) -> dict:
-    tree = {}
-    for name, leaf in flat.items():
-        *path, last = name.split("/")
-        node = tree
-        for k in path:
-            node = node.setdefault(k, {})
-        node[last] = leaf
-    return tree
-
-
 def write_t5x(step: pathlib.Path, params: dict, in_zarr, bf16=()) -> pathlib.Path:
     """A T5X step directory as T5X lays it out: ``checkpoint`` (msgpack, version 3) with the
     model under optimizer/target, the ``in_zarr`` parameters as tensorstore specs pointing at
@@ -128,7 +119,8 @@ def write_t5x(step: pathlib.Path, params: dict, in_zarr, bf16=()) -> pathlib.Pat
     state = {"param_states": {"token_embedder": {"embedding": {"v": np.zeros(1, np.float32)}}},
              "step": np.int32(100)}
     blob = serialization.msgpack_serialize(
-        {"optimizer": {"state": state, "target": nest(target)}, "version": 3})
+        {"optimizer": {"state": state, "target": traverse_util.unflatten_dict(target, sep="/")},
+         "version": 3})
     (step / "checkpoint").write_bytes(blob)
     return step
 
@@ -138,24 +130,6 @@ def round_to_bf16(model, names):
         for n, p in model.named_parameters():
             if n in names:
                 p.copy_(p.to(torch.bfloat16).to(torch.float32))
-
-
-def inputs(vocab):
-    rng = np.random.default_rng(0)
-    src = rng.integers(2, vocab, (3, 11))
-    mask = np.ones_like(src)
-    mask[0, 7:] = 0
-    mask[2, 9:] = 0
-    src = src * mask                                 # padding is the pad id 0
-    dec = rng.integers(2, vocab, (3, 6))
-    dec[:, 0] = 0
-    return src, mask, dec
-
-
-def reference_logits(model, src, mask, dec):
-    with torch.no_grad():
-        return model(input_ids=torch.tensor(src), attention_mask=torch.tensor(mask),
-                     decoder_input_ids=torch.tensor(dec)).logits.numpy()
 
 
 def untied_t5(**kw):
