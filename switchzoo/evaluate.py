@@ -140,7 +140,8 @@ def run(config, workdir, checkpoint: str = "", print_fn=print, output: str = "")
     ds = data.build(config.data, workdir, task=config.task, batch_size=share.rows,
                     max_length=config.max_length, seed=config.seed, evaluating=True,
                     shards=share.shards, local=share.local_shards, run=config)
-    if not checkpoint and config.task == "text2text" and finetune.best_record(workdir):
+    best = finetune.best_record(workdir) if config.task == "text2text" else None
+    if not checkpoint and best:
         checkpoint = str(workdir / finetune.BEST_DIR)    # a fine-tune is scored at its best
     if checkpoint:
         origin = weights.resolve(checkpoint)
@@ -171,8 +172,8 @@ def run(config, workdir, checkpoint: str = "", print_fn=print, output: str = "")
         results["tasks"] = finetune.public(scored)
         results["task_score"] = finetune.paper_score(scored)
         results["checkpoint"] = checkpoint or "newest"
-        if checkpoint and pathlib.Path(checkpoint) == workdir / finetune.BEST_DIR:
-            results["step"] = finetune.best_record(workdir)["step"]
+        if best and pathlib.Path(checkpoint) == workdir / finetune.BEST_DIR:
+            results["step"] = best["step"]
     results["machine"] = machine.describe()      # XLA:CPU's figures depend on the CPU
     if not lead:
         return results
@@ -180,8 +181,8 @@ def run(config, workdir, checkpoint: str = "", print_fn=print, output: str = "")
         atomic.write_text(out / translations_file,
                           "".join(" ".join(h.split()) + "\n" for h in hyps))
     if outputs is not None:       # every output, in eval-set order, beside its example
-        atomic.write_text(out / results_file.replace("results", "predictions").replace(
-            ".json", ".jsonl"), "".join(
+        predictions = "predictions" + results_file.removeprefix("results") + "l"  # .jsonl
+        atomic.write_text(out / predictions, "".join(
             json.dumps({"task": t.name, "inputs": e.inputs, "reference": e.reference,
                         "output": o}) + "\n"
             for t, examples in ds.task_examples.items() for e, o in zip(examples, outputs[t.name])))

@@ -264,12 +264,15 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
                          "another --config.model or --config.task)")
     overrides = {k: v for k, v in config.moe.items() if v is not None}
     finetune = config.get("finetune")
-    if config.task == "text2text" and cfg.moe is not None and "expert_dropout" not in overrides:
-        overrides["expert_dropout"] = finetune.expert_dropout     # the fine-tuning recipe's
-    elif (config.task == "text2text" and cfg.moe is None
-          and finetune.expert_dropout != tasks.default_config().expert_dropout):
+    recipe_changed = finetune.expert_dropout != tasks.default_config().expert_dropout
+    if config.task == "text2text" and cfg.moe is None and recipe_changed:
         raise ValueError(f"--config.finetune.expert_dropout={finetune.expert_dropout} set for a "
                          "dense model, which has no experts; drop the flag")
+    if config.task == "text2text" and cfg.moe is not None:
+        if "expert_dropout" in overrides and recipe_changed:
+            raise ValueError("--config.moe.expert_dropout and --config.finetune.expert_dropout "
+                             "both set; set one (the fine-tune's is the recipe's 0.4)")
+        overrides.setdefault("expert_dropout", finetune.expert_dropout)   # the recipe's
     if cfg.moe is None and config.router_learning_rate_scale != 1.0:
         raise ValueError(f"--config.router_learning_rate_scale set for a dense model, which has "
                          "no routers; drop the flag")

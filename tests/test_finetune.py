@@ -228,3 +228,15 @@ def test_train_py_refuses_an_unknown_task_in_one_line(tmp_path):
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert "unknown task 'sst3'; known: cnn_dailymail, glue_cola" in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_expert_dropout_is_set_once_and_never_on_a_dense_model():
+    c = finetune_config.get_config("task=movie_reviews,model=switch_base_tiny")
+    assert state_lib.run_model_config(c, 300).moe.expert_dropout == 0.4      # the recipe's
+    c.finetune.expert_dropout, c.moe.expert_dropout = 0.1, 0.2
+    with pytest.raises(ValueError, match="both set; set one"):
+        state_lib.run_model_config(c, 300)
+    dense = finetune_config.get_config("task=movie_reviews,model=t5_tiny")
+    dense.finetune.expert_dropout = 0.1
+    with pytest.raises(ValueError, match="set for a dense model, which has no experts"):
+        state_lib.run_model_config(dense, 300)

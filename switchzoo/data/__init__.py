@@ -171,8 +171,9 @@ def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
 
 def finetune_corpus(run, evaluating: bool) -> tuple[sources.Corpus, dict]:
     """A text2text run's (input, target) pairs: the training split of its task (of every member
-    of a mixture, each capped at finetune.mixture_cap examples: T5's examples-proportional
-    mixing), a pair per training target; and {task: Examples} of finetune.eval_split (capped at
+    of a mixture, each capped at finetune.mixture_cap pairs: T5's examples-proportional cap, as a
+    fixed random subset (seed 0) where T5 samples a member anew each epoch), a pair per
+    training target; and {task: Examples} of finetune.eval_split (capped at
     data.max_eval_examples), whose first targets are the eval pairs."""
     cfg = run.finetune
     members = tasks.resolve(cfg)
