@@ -93,7 +93,7 @@ def share_rate(config, workdir, rows: int, hosts: int, seconds: float) -> float:
     from switchzoo import data
     ds = data.build(config.data, workdir, task=config.task, batch_size=rows * hosts,
                     max_length=config.max_length, seed=config.seed, shards=hosts,
-                    local=range(1))
+                    rows=(0, rows))
     next(ds.train)
     tokens, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:

@@ -138,8 +138,7 @@ def run(config, workdir, checkpoint: str = "", print_fn=print, output: str = "")
     share = hosts.agreed_share(layout, state_lib.global_batch_size(config))
     lead = share.process == 0
     ds = data.build(config.data, workdir, task=config.task, batch_size=share.rows,
-                    max_length=config.max_length, seed=config.seed, evaluating=True,
-                    shards=share.shards, local=share.local_shards, run=config)
+                    max_length=config.max_length, seed=config.seed, evaluating=True, run=config)
     best = finetune.best_record(workdir) if config.task == "text2text" else None
     if not checkpoint and best:
         checkpoint = str(workdir / finetune.BEST_DIR)    # a fine-tune is scored at its best

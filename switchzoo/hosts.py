@@ -1,11 +1,13 @@
 """Which rows of each global batch this process reads, and the global arrays built from them.
 
 The global batch of B rows is split into S *batch shards*: the shards of the mesh axes the
-layout maps ``batch`` to (``batch:data`` on data:4 -> S = 4). Each shard's rows come from a
-stream of their own (switchzoo.data.pipeline.TrainIterator), so the global batch depends on
-S alone, never on how many processes read it: 2 processes give exactly what 1 gives. A process
-reads only the shards its addressable devices hold; axes that replicate the batch (expert or
-model axes not in the batch's layout) make processes that share a shard read the same rows.
+layout maps ``batch`` to (``batch:data`` on data:4 -> S = 4). Its rows are packed from K
+*input shards*, streams of their own (switchzoo.data.pipeline.TrainIterator): K is
+data.input_shards, or S of the run's first mesh, and a resume keeps it. So the global batch
+depends on K alone, never on the mesh or on how many processes read it: 2 processes give
+exactly what 1 gives. A process reads only the rows its addressable devices hold; axes that
+replicate the batch (expert or model axes not in the batch's layout) make processes that
+share a shard read the same rows.
 
     share = hosts.share(layout, rows=B)     # this process: shards first..first+count-1
     arrays = hosts.assemble(local_batch, layout, share)   # jax.Arrays of the global batch
@@ -46,11 +48,15 @@ class Share:
         """[a, b): the global rows this process reads."""
         return self.first * self.rows_per_shard, (self.first + self.count) * self.rows_per_shard
 
-    def describe(self, examples: int) -> str:
+    def describe(self, examples: int, streams: range | None = None, inputs: int = 0) -> str:
+        """``streams`` of ``inputs``: the input shards this process packs, said where their
+        count is not the mesh's batch shard count (data.input_shards, or a resumed run's)."""
         a, b = self.row_range
+        packs = (f"; input shards {streams.start}..{streams.stop - 1} of {inputs}"
+                 if inputs and inputs != self.shards else "")
         return (f"input: process {self.process}/{self.processes} reads rows {a}..{b - 1} of each "
                 f"global batch ({examples:,} examples, {b - a} per step; batch shards "
-                f"{self.first}..{self.first + self.count - 1} of {self.shards})")
+                f"{self.first}..{self.first + self.count - 1} of {self.shards}{packs})")
 
 
 def share(layout, rows: int) -> Share:
@@ -145,29 +151,41 @@ def agreed_share(layout, rows: int) -> Share:
     return mine
 
 
-def shard_digests(local: dict, share_: Share) -> dict[str, str]:
-    """{shard: sha1 of its rows} of this process's rows (fingerprints of the batch a step read)."""
-    per = share_.rows_per_shard
-    out = {}
+def row_digests(local: dict, share_: Share) -> dict[str, list[str]]:
+    """{shard: [sha1 of each of its rows]} of this process's rows."""
+    per, out = share_.rows_per_shard, {}
     for i, shard in enumerate(share_.local_shards):
-        h = hashlib.sha1()
-        for key in sorted(local):
-            h.update(key.encode())
-            h.update(np.ascontiguousarray(local[key][i * per:(i + 1) * per]).tobytes())
-        out[str(shard)] = h.hexdigest()
+        out[str(shard)] = []
+        for row in range(i * per, (i + 1) * per):
+            h = hashlib.sha1()
+            for key in sorted(local):
+                h.update(key.encode())
+                h.update(np.ascontiguousarray(local[key][row]).tobytes())
+            out[str(shard)].append(h.hexdigest())
     return out
 
 
+def _sha1(digests: list[str]) -> str:
+    return hashlib.sha1("".join(digests).encode()).hexdigest()
+
+
+def shard_digests(local: dict, share_: Share) -> dict[str, str]:
+    """{shard: sha1 of its rows} of this process's rows (fingerprints of the batch a step read)."""
+    return {shard: _sha1(rows) for shard, rows in row_digests(local, share_).items()}
+
+
 def batch_fingerprint(local: dict, share_: Share) -> dict:
-    """The global batch's fingerprint, on every process: ``batch_sha1`` (of the shards'
-    digests in order) and ``shard_sha1`` (one per shard), plus ``shard_process`` (the
-    process that read each shard first). Collective when there are several processes."""
-    gathered = allgather_json(shard_digests(local, share_), share_.processes)
+    """The global batch's fingerprint, on every process: ``batch_sha1`` (of its rows' digests
+    in order: the same batch gives the same value on any mesh), ``shard_sha1`` (one per batch
+    shard of this mesh) and ``shard_process`` (the process that read each shard first).
+    Collective when there are several processes."""
+    gathered = allgather_json(row_digests(local, share_), share_.processes)
     digests, readers = {}, {}
     for process, part in enumerate(gathered):
         for shard, d in part.items():
             digests.setdefault(int(shard), d)
             readers.setdefault(int(shard), process)
     ordered = [digests[s] for s in range(share_.shards)]
-    return {"batch_sha1": hashlib.sha1("".join(ordered).encode()).hexdigest(),
-            "shard_sha1": ordered, "shard_process": [readers[s] for s in range(share_.shards)]}
+    return {"batch_sha1": _sha1([row for shard in ordered for row in shard]),
+            "shard_sha1": [_sha1(shard) for shard in ordered],
+            "shard_process": [readers[s] for s in range(share_.shards)]}

@@ -179,7 +179,8 @@ def _train(config, workdir, print_fn, lock: workdir_lib.Lock, interrupts: Preemp
     def build_data():
         return data.build(config.data, workdir, task=config.task, batch_size=share.rows,
                           max_length=config.max_length, seed=config.seed,
-                          shards=share.shards, local=share.local_shards, run=config)
+                          shards=config.data.input_shards or share.shards,
+                          rows=share.row_range, run=config)
     # Process 0 writes the workdir (config, corpus, tokenizer); the others then read it. A
     # start that fails (data not prepared, a checkpoint that does not load, ...) takes back
     # what it wrote.
@@ -230,9 +231,9 @@ def _train(config, workdir, print_fn, lock: workdir_lib.Lock, interrupts: Preemp
     print_fn(f"attention: {attention_impl(setup.cfg)}")
     for line in loaded:
         print_fn(line)
-    announce(share.describe(ds.train.num_examples))
-    if ds.train.reshaped:
-        print_fn(ds.train.reshaped)
+    announce(share.describe(ds.train.num_examples, ds.train.local, ds.train.shards))
+    if ds.train.reshaped or ds.train.continued:
+        print_fn(ds.train.reshaped or ds.train.continued)
     if teacher is not None and config.distill.weight > 0:
         print_fn(f"distilling teacher {teacher.run.directory} (step {teacher.step}): "
                  f"{config.distill.weight:g} x its probabilities + "

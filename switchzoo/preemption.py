@@ -29,15 +29,24 @@ class Preemption:
     the current step and stop cleanly (``with interrupts.training() as preempted: ...
     preempted()``; exit 0), and a second SIGINT stops at once: one line, exit 130, the committed
     checkpoints kept. Python runs handlers in the main thread, so the input pipeline's threads
-    never see a KeyboardInterrupt. One process only: multi-host runs leave SIGTERM to JAX's
-    preemption service (Orbax's reached_preemption). An ignored signal (nohup) stays ignored."""
+    never see a KeyboardInterrupt. Across processes, SIGTERM is JAX's preemption service's
+    (jax.distributed installs its handler; Orbax's reached_preemption gives every process the
+    same step to save), and a first SIGINT in training is passed on to it as this process's
+    own SIGTERM, so Ctrl-C on one process or on all saves one agreed step. An ignored signal
+    (nohup) stays ignored."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __enter__(self):
-        self.flag, self.started, self.previous = False, False, {}
-        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
+        self.flag, self.asked, self.started, self.previous = False, False, False, {}
+        # several processes: SIGTERM stays the preemption service's; without it, Ctrl-C keeps
+        # Python's default (the processes could not agree on a step to save)
+        self.shared = jax.process_count() > 1
+        signals = (signal.SIGINT,) if self.shared else self.SIGNALS
+        if self.shared and not jax.config.jax_enable_preemption_service:
+            signals = ()
+        if threading.current_thread() is threading.main_thread():
+            for signum in signals:
                 if signal.getsignal(signum) is not signal.SIG_IGN:
                     self.previous[signum] = signal.signal(signum, self._handle)
         return self
@@ -53,17 +62,21 @@ class Preemption:
     def _handle(self, signum, frame):
         if not self.started:
             raise Interrupted(signum)
-        if self.flag and signum == signal.SIGINT:
+        if self.asked and signum == signal.SIGINT:
             sys.stderr.write("\nerror: interrupted again: stopped at once, without saving this "
                              "step; the committed checkpoints are kept: run the same command to "
                              "resume from the newest\n")
             sys.stderr.flush()
             os._exit(130)
-        if not self.flag and signum == signal.SIGINT:
+        if not self.asked and signum == signal.SIGINT:
             sys.stderr.write("\ninterrupted: saving this step, then stopping (Ctrl-C again "
                              "stops at once)\n")
             sys.stderr.flush()
-        self.flag = True
+        self.asked = True
+        if self.shared:            # the service agrees with the other processes on a step
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            self.flag = True
 
     def __exit__(self, *exc):
         for signum, previous in self.previous.items():

@@ -10,7 +10,7 @@ import pytest
 
 import switchzoo
 from switchzoo.configs import demo
-from switchzoo import evaluate, loop
+from switchzoo import data, evaluate, hosts, loop
 from switchzoo.data import embedded
 
 
@@ -47,10 +47,24 @@ def test_train_resume_evaluate_and_restore_under_another_layout(files, tmp_path)
     lines = []
     loop.train(tiny_config(files, 6), tmp_path, print_fn=lines.append)
     assert logged_steps(tmp_path) == [3, 6]
-    loop.train(tiny_config(files, 9), tmp_path, print_fn=lines.append)   # the same command
-    assert "resuming at step 6" in lines[-3] and lines[-2].startswith("attention: reference")
-    assert lines[-1].startswith("input: process 0/1 reads rows 0..7 of each global batch")
+    # resumed on another mesh (batch over data:2 x expert:2 = 4 batch shards, not 8): the
+    # run's 8 input shards go on, and step 9 reads the batch the first mesh would have read
+    moved = tiny_config(files, 9)
+    moved.layout, moved.mesh = "dp_mp_ep", "data:2,model:2,expert:2"
+    loop.train(moved, tmp_path, print_fn=lines.append)
+    assert "resuming at step 6" in lines[-4] and lines[-3].startswith("attention: reference")
+    assert lines[-2].startswith("input: process 0/1 reads rows 0..7 of each global batch")
+    assert lines[-2].endswith("batch shards 0..3 of 4; input shards 0..7 of 8)")
+    assert "the run's input is 8 input shards; this mesh's 4 batch shards" in lines[-1]
     assert logged_steps(tmp_path) == [3, 6, 9]
+    stream = data.build(moved.data, tmp_path, task=moved.task, batch_size=8,
+                        max_length=moved.max_length, seed=moved.seed, shards=8).train
+    for _ in range(8):
+        next(stream)
+    ninth = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+             if r["split"] == "train"][-1]
+    assert ninth["step"] == 9 and ninth["batch_sha1"] == hosts.batch_fingerprint(
+        next(stream), hosts.Share(0, 1, 1, 0, 1, 8))["batch_sha1"]
     for name in ("config.json", "tokenizer.model", "tensorboard"):
         assert (tmp_path / name).exists()
     assert not list(tmp_path.rglob("*.orbax-checkpoint-tmp*"))

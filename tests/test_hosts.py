@@ -15,9 +15,15 @@ from test_data import assert_same, corpus, files_config, pairs, take  # noqa: F4
 L = 32
 
 
-def build(corpus, tmp_path, task="lm", batch=8, shards=1, local=None, seed=3):
-    return data.build(files_config(corpus, task), tmp_path, task=task, batch_size=batch,
-                      max_length=L, seed=seed, shards=shards, local=local)
+def build(corpus, tmp_path, task="lm", batch=8, shards=1, local=None, seed=3, fixed=0):
+    """``local``: the input shards this "process" reads (their rows); ``fixed``: a
+    data.input_shards setting."""
+    per = batch // shards
+    rows = None if local is None else (local.start * per, local.stop * per)
+    cfg = files_config(corpus, task)
+    cfg.input_shards = fixed
+    return data.build(cfg, tmp_path, task=task, batch_size=batch, max_length=L, seed=seed,
+                      shards=shards, rows=rows)
 
 
 def test_share_follows_the_layout_and_checks_rows():
@@ -83,8 +89,14 @@ def test_shard_states_resume_on_any_split_and_reshape_restarts(corpus, tmp_path)
     whole.train.set_state(state)
     assert not whole.train.reshaped
     assert_same(take(whole.train, 3), expected)
-    # other shards: the streams restart where the slowest shard had got to
+    # another mesh (4 batch shards): the run's 2 input shards go on, exactly
     four = build(corpus, tmp_path, shards=4)
+    four.train.set_state(state)
+    assert four.train.shards == 2 and not four.train.reshaped
+    assert "the run's input is 2 input shards; this mesh's 4 batch shards" in four.train.continued
+    assert_same(take(four.train, 3), expected)
+    # data.input_shards=4 asks for others: the streams restart where the slowest had got to
+    four = build(corpus, tmp_path, shards=4, fixed=4)
     four.train.set_state(state)
     read = [pipeline._source_position(v) for v in state["shards"].values()]
     assert four.train.start == 2 * min(read) > 0
@@ -94,6 +106,24 @@ def test_shard_states_resume_on_any_split_and_reshape_restarts(corpus, tmp_path)
     assert_same(take(four.train, 2), take(fresh.train, 2))
     with pytest.raises(ValueError, match="seed"):
         build(corpus, tmp_path, shards=2, seed=4).train.set_state(state)
+
+
+def test_processes_holding_parts_of_an_input_shard_read_its_rows(corpus, tmp_path):
+    """2 input shards of 4 rows read by 4 "processes" of 2 rows (a mesh of 4 batch shards
+    under data.input_shards=2), and by one: the same global batch, every row once."""
+    whole = build(corpus, tmp_path, shards=2)
+    quarters = [data.build(files_config(corpus, "lm"), tmp_path, task="lm", batch_size=8,
+                           max_length=L, seed=3, shards=2, rows=(a, a + 2)).train
+                for a in (0, 2, 4, 6)]
+    assert [q.local for q in quarters] == [range(0, 1)] * 2 + [range(1, 2)] * 2
+    for _ in range(2):
+        joined = [next(q) for q in quarters]
+        assert all(j["inputs"].shape[0] == 2 for j in joined)
+        assert_same([{k: np.concatenate([j[k] for j in joined]) for k in joined[0]}],
+                    [next(whole.train)])
+    with pytest.raises(ValueError, match="8 rows does not split into 3 input shards; set "
+                                         "data.input_shards to a divisor of 8"):
+        build(corpus, tmp_path, shards=3)
 
 
 def test_a_state_from_before_shards_resumes(corpus, tmp_path):

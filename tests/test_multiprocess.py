@@ -1,6 +1,7 @@
 """JAX's own multi-process runtime: 2 processes x 4 CPU devices (jax.distributed.initialize on
 loopback, gloo collectives), each reading only its rows of every batch, train like 1 process x
-8 devices; both stop and resume as if uninterrupted; their checkpoint resumes in one process;
+8 devices; both stop on Ctrl-C at one agreed step and resume as if uninterrupted; their
+checkpoint resumes in one process;
 evaluation split over the two gives one process's BLEU and perplexity; bad starts fail on every
 process in one line."""
 import json
@@ -8,9 +9,11 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -56,14 +59,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def two(command, extra=(), timeout=300):
-    """Runs ``command`` as processes 0 and 1 of a 2-process run; [(returncode, out, err)]."""
+def two(command, extra=(), timeout=300, ctrl_c_after=None):
+    """Runs ``command`` as processes 0 and 1 of a 2-process run; [(returncode, out, err)].
+    ``ctrl_c_after``: once the run has logged that many steps, SIGINT to both processes, as a
+    terminal's Ctrl-C sends it to its foreground processes."""
     port = free_port()
     procs = [subprocess.Popen(command + [f"--coordinator_address=127.0.0.1:{port}",
                                          "--num_processes=2", f"--process_id={i}",
                                          *(extra[i] if extra else ())],
                               cwd=ROOT, env=env(4), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]
+    if ctrl_c_after:
+        metrics = pathlib.Path(next(f.split("=", 1)[1] for f in command
+                                    if f.startswith("--workdir="))) / "metrics.jsonl"
+        give_up = time.monotonic() + timeout          # only keeps a broken run from hanging
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= ctrl_c_after):
+            assert all(p.poll() is None for p in procs) and time.monotonic() < give_up
+            time.sleep(0.05)
+        for p in procs:
+            p.send_signal(signal.SIGINT)
     out = [(p, *p.communicate(timeout=timeout)) for p in procs]
     return [(p.returncode, o, e) for p, o, e in out]
 
@@ -107,13 +121,20 @@ def rows(workdir):
 def test_two_processes_train_resume_and_evaluate_like_one(tmp_path):
     """One test, not several on a shared fixture: pytest-xdist's worksteal may hand tests of one
     module to both workers, and each would then repeat these runs (~80 s)."""
-    # two: 2 processes, 4 steps, then both stopped and resumed to 6; moved: its step-4
-    # checkpoint resumed to 6 in one process; single: 1 process, 6 steps uninterrupted.
-    started = ok(two(args(tmp_path / "two", 4)))
+    # two: 2 processes of 10 steps, stopped by Ctrl-C after step 3 (both save one agreed step,
+    # exit 0), then resumed to the end; moved: that checkpoint resumed in one process; single:
+    # 1 process, 10 steps uninterrupted.
+    started = ok(two(args(tmp_path / "two", 10), ctrl_c_after=3))
+    stopped = max(rows(tmp_path / "two"))
+    assert 3 <= stopped < 10
+    assert stopped in {int(p.name) for p in (tmp_path / "two" / "checkpoints").iterdir()}
+    assert f"preempted: saved step {stopped}" in started[0][1]
+    for _, _, err in started:
+        assert "interrupted: saving this step" in err
     shutil.copytree(tmp_path / "two", tmp_path / "moved")
-    resumed = ok(two(args(tmp_path / "two", 6)))
-    here(args(tmp_path / "moved", 6))
-    here(args(tmp_path / "single", 6))
+    resumed = ok(two(args(tmp_path / "two", 10)))
+    here(args(tmp_path / "moved", 10))
+    here(args(tmp_path / "single", 10))
 
     # Each process names its split, reads disjoint rows, and together they read 1's batch.
     for i, (_, out, _) in enumerate(started):
@@ -121,9 +142,9 @@ def test_two_processes_train_resume_and_evaluate_like_one(tmp_path):
                          rf"global batch \([\d,]+ examples, 8 per step; batch shards "
                          rf"{4 * i}..{4 * i + 3} of 8\)$", out, re.M), out[-1000:]
     two_rows, single = rows(tmp_path / "two"), rows(tmp_path / "single")
-    assert sorted(two_rows) == sorted(single) == list(range(1, 7))
-    assert "resuming at step 4" in resumed[0][1]
-    for step, r in single.items():          # steps 5-6: both processes resumed = uninterrupted
+    assert sorted(two_rows) == sorted(single) == list(range(1, 11))
+    assert f"resuming at step {stopped}" in resumed[0][1]
+    for step, r in single.items():          # after the Ctrl-C too: resumed = uninterrupted
         t = two_rows[step]
         assert t["shard_process"] == [0] * 4 + [1] * 4           # who read which shard
         ours = [set(t["shard_sha1"][:4]), set(t["shard_sha1"][4:])]
@@ -134,8 +155,8 @@ def test_two_processes_train_resume_and_evaluate_like_one(tmp_path):
 
     # The 2-process checkpoint resumes in one process as if uninterrupted.
     moved = rows(tmp_path / "moved")
-    assert sorted(moved) == list(range(1, 7))
-    for step in (5, 6):
+    assert sorted(moved) == list(range(1, 11))
+    for step in range(stopped + 1, 11):
         assert moved[step]["batch_sha1"] == single[step]["batch_sha1"]
         np.testing.assert_allclose(moved[step]["loss"], single[step]["loss"], rtol=1e-5)
 

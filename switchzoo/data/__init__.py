@@ -55,7 +55,10 @@ def default_config() -> ml_collections.ConfigDict:
         embedded_max_pairs=0,       # 0 = all
         locale_dir="/usr/share/locale",  # embedded: this machine's catalogues add pairs
         info_dir="/usr/share/info",  # embedded span corruption: GNU manuals add running text
-        prefetch=2,                 # training batches read ahead, per batch shard, in a thread
+        input_shards=0,             # streams the global batch is packed from, each its own rows;
+                                    # 0: one per batch shard of the run's first mesh (a resume
+                                    # on another mesh keeps the run's count)
+        prefetch=2,                 # training batches read ahead, per input shard, in a thread
                                     # of its own, the next one placed on the devices during the
                                     # step; 0: all in the training thread
     ))
@@ -129,15 +132,16 @@ def part(n: int, parts: int, index: int) -> tuple[int, int]:
 
 def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
           batch_size: int, max_length: int, seed: int = 0, evaluating: bool = False,
-          shards: int = 1, local: range | None = None, run=None) -> Data:
+          shards: int = 1, rows: tuple[int, int] | None = None, run=None) -> Data:
     """The train iterator, eval batches and tokenizer for ``task`` (one of TASKS).
 
     The workdir holds the tokenizer (and the embedded corpus) so a resumed run reads exactly
     what it started with. ``evaluating``: no train iterator, and ``cfg.eval_files`` are the
-    evaluation examples whatever the source (a trained run scored on other text). ``shards``
-    and ``local``: the global batch's batch shards and those this process reads
-    (switchzoo.hosts.Share); only their examples are ever tokenized here. ``run``: the run
-    config, whose ``finetune`` block names a text2text task's source.
+    evaluation examples whatever the source (a trained run scored on other text).
+    ``shards``: the input shards the global batch is packed from; ``rows``: [a, b), the
+    global rows this process reads (switchzoo.hosts.Share.row_range); only the examples of
+    the input shards holding them are ever tokenized here. ``run``: the run config, whose
+    ``finetune`` block names a text2text task's source.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task '{task}'; use one of {', '.join(TASKS)}")
@@ -164,7 +168,8 @@ def build(cfg: ml_collections.ConfigDict, workdir, task: str = "translation", *,
     featurize = spans or pipeline.featurizer(tok, task, max_length, targets_length)
     train = (None if evaluating else
              pipeline.train_iterator(corpus.train, featurize, task, batch_size, max_length, seed,
-                                     shards, local, cfg.get("prefetch", 0)))
+                                     shards, rows, cfg.get("prefetch", 0),
+                                     fixed=bool(cfg.get("input_shards", 0))))
     return Data(tok, train, corpus.eval, task, batch_size, max_length, corpus.description,
                 corpus.eval_split, spans, task_examples, targets_length)
 

@@ -136,17 +136,20 @@ class TrainIterator:
     """Endless packed batches of this process's rows; ``get_state()`` is a JSON-ready dict,
     ``set_state`` resumes exactly.
 
-    The global batch is ``shards`` batch shards (switchzoo.hosts), each packed from a stream of
-    its own: shard s reads examples start + s, start + s + shards, ... of the shuffled,
-    repeated example stream. This process runs the streams of its ``local`` shards and yields
-    their rows in shard order, so the global batch depends on the shard count alone, never on
-    the process count.
+    The global batch is ``shards`` input shards, each packed from a stream of its own: shard s
+    reads examples start + s, start + s + shards, ... of the shuffled, repeated example stream
+    and fills rows s x B/shards onwards. This process runs the streams that hold its ``rows``
+    and yields those rows, so the global batch depends on the input shard count alone, never
+    on the mesh or the process count (a run's count defaults to its first mesh's batch shard
+    count, switchzoo.hosts).
 
     The state records, per shard, how far into its stream the next batch starts, so no
     buffers are saved: the pipeline re-reads and re-packs from there. A state of the same
-    shards resumes exactly on any process count; one of other shards (another mesh or batch
-    size) restarts every stream at the first example some shard had not read (``reshaped``
-    says so), which re-reads at most shards x (the shards' spread + a batch) examples.
+    batch size resumes exactly on any mesh and process count: it keeps the state's input
+    shard count (``continued`` says so when it differs), unless ``fixed`` (data.input_shards
+    set) asks for another. Another batch size or input shard count restarts every stream at
+    the first example some shard had not read (``reshaped`` says so), which re-reads at most
+    shards x (the shards' spread + a batch) examples.
 
     With read-ahead (``train_iterator(prefetch=N)``) each shard's stream runs in a thread of
     its own (Grain's ThreadPrefetchIterDataset), up to N batches ahead of ``next``. Every
@@ -156,16 +159,31 @@ class TrainIterator:
     again, as it was, by the ``next`` that reaches it. ``close()`` stops the threads.
     """
 
-    def __init__(self, make_stream, shards: int, local: range, signature: dict):
-        self._make, self.shards, self.local = make_stream, shards, local
-        self._signature = signature
+    def __init__(self, make_stream, shards: int, rows: tuple[int, int], signature: dict,
+                 fixed: bool = False):
+        self._make, self.rows, self._signature = make_stream, rows, signature
+        self.fixed = fixed              # data.input_shards set: a resume never adopts another
         self.reshaped = ""              # set_state: what a reshaped resume did, else ""
+        self.continued = ""             # set_state: the run's own shard count kept, else ""
+        self._use(shards)
         self._restart(0)
+
+    def _use(self, shards: int) -> None:
+        """Input shards: this process runs the streams that hold its ``rows`` (a stream another
+        process also holds rows of is run by both; each keeps its own rows)."""
+        batch = self._signature["batch_size"]
+        if shards < 1 or batch % shards:
+            raise ValueError(f"a batch of {batch} rows does not split into {shards} input "
+                             f"shards; set data.input_shards to a divisor of {batch} (0: one "
+                             "per batch shard of the mesh)")
+        per, (a, b) = batch // shards, self.rows
+        self.shards, self.local = shards, range(a // per, -(-b // per))
+        self._cut = slice(a - self.local.start * per, b - self.local.start * per)
 
     def _restart(self, start: int) -> None:
         self.close()                    # the old streams' threads, if any, read no further
         self.start = start
-        self._iterators = {s: iter(self._make(s, start)) for s in self.local}
+        self._iterators = {s: iter(self._make(s, start, self.shards)) for s in self.local}
 
     def close(self) -> None:
         """Stops the read-ahead threads (idempotent); the iterator is done with."""
@@ -181,7 +199,7 @@ class TrainIterator:
 
     def __next__(self) -> dict:
         parts = [next(self._iterators[s]) for s in self.local]
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return {k: np.concatenate([p[k] for p in parts])[self._cut] for k in parts[0]}
 
     def get_state(self) -> dict:
         """This process's shards; ``merge_states`` joins the states of all processes."""
@@ -197,8 +215,14 @@ class TrainIterator:
             raise ValueError(f"data iterator state was saved for {saved} but this pipeline has "
                              f"{self._signature}; resume with the same data, max_length and "
                              "seed, or start a new workdir")
-        exact = (state["num_shards"] == self.shards
-                 and state["batch_size"] == self._signature["batch_size"]
+        same_batch = state["batch_size"] == self._signature["batch_size"]
+        if same_batch and state["num_shards"] != self.shards and not self.fixed:
+            self.continued = (
+                f"data: the run's input is {state['num_shards']} input shards; this mesh's "
+                f"{self.shards} batch shards read them as the run began, so the batches go on "
+                "exactly (data.input_shards fixes the count for new runs)")
+            self._use(state["num_shards"])
+        exact = (state["num_shards"] == self.shards and same_batch
                  and all(str(s) in state["shards"] for s in self.local))
         if exact:
             self._restart(state["start"])
@@ -252,23 +276,20 @@ def shard_seed(seed: int, shard: int) -> int:
 
 
 def train_iterator(examples: Sequence, featurize, task: str, batch_size: int, max_length: int,
-                   seed: int, shards: int = 1, local: range | None = None,
-                   prefetch: int = 0) -> TrainIterator:
+                   seed: int, shards: int = 1, rows: tuple[int, int] | None = None,
+                   prefetch: int = 0, fixed: bool = False) -> TrainIterator:
     """Shuffle (a new order each epoch) -> repeat -> this shard's examples -> tokenize ->
-    first-fit pack -> batches of ``batch_size // shards`` rows per shard (-> ``prefetch``
-    batches read ahead in a thread per shard; 0: in the caller's thread).
+    first-fit pack -> batches of ``batch_size // shards`` rows per input shard (-> ``prefetch``
+    batches read ahead in a thread per shard; 0: in the caller's thread). ``rows``: [a, b),
+    the global rows this process reads (default all); ``fixed``: see TrainIterator.
 
     Span corruption: ``featurize`` is a SpanFeaturizer (random_map: a draw per stream position,
     then its chunks flattened) and targets rows are its ``target_length`` long."""
     seed = seed % 2**32
-    if batch_size % shards:
-        raise ValueError(f"a batch of {batch_size} rows does not split into {shards} batch "
-                         f"shards; use a batch size that is a multiple of {shards}")
     spans = isinstance(featurize, SpanFeaturizer)
     target_length = getattr(featurize, "target_length", None)
-    rows = batch_size // shards
 
-    def stream(shard: int, start: int) -> grain.IterDataset:
+    def stream(shard: int, start: int, shards: int) -> grain.IterDataset:
         own = shard_seed(seed, shard)
         dataset = grain.MapDataset.source(examples).shuffle(seed=seed).repeat(None)
         if shards > 1 or start:
@@ -280,7 +301,7 @@ def train_iterator(examples: Sequence, featurize, task: str, batch_size: int, ma
         dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
         if spans:
             dataset = grain.experimental.FlatMapIterDataset(dataset, _Flatten())
-        dataset = pack(dataset, task, rows, max_length, own, target_length)
+        dataset = pack(dataset, task, batch_size // shards, max_length, own, target_length)
         # A thread, not processes: it takes tokenizing and packing (pure Python, ~25 ms a demo
         # batch) off the training thread, and keeps the state format, so checkpoints resume
         # with read-ahead on or off. Its state is its parent's as of the batch handed on.
@@ -293,7 +314,8 @@ def train_iterator(examples: Sequence, featurize, task: str, batch_size: int, ma
         signature["target_length"] = target_length
     if prefetch < 0:
         raise ValueError(f"prefetch={prefetch}: read-ahead is a number of batches, 0 for none")
-    return TrainIterator(stream, shards, range(shards) if local is None else local, signature)
+    return TrainIterator(stream, shards, (0, batch_size) if rows is None else rows, signature,
+                         fixed)
 
 
 def pack(dataset: grain.IterDataset, task: str, batch_size: int, max_length: int,
