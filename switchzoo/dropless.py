@@ -27,6 +27,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from switchzoo.layers import dropout, mlp
@@ -79,7 +80,6 @@ def path_seconds(backend: str, rows: int, d_in: int, d_out: int, experts: int,
     default device (once per shape and process; evaluated eagerly even while a step traces)."""
     import time
 
-    import numpy as np
     rng = np.random.default_rng(0)
     with jax.ensure_compile_time_eval():
         x = jnp.asarray(rng.normal(size=(rows, d_in)), dtype)
@@ -120,10 +120,31 @@ def resolve(impl: str, rows: int | None = None, d_in: int | None = None,
     if rows is not None and backend in ("gpu", "tpu") and (
             ratio is None or ratio < 1 / RAGGED_DOT_SLACK):
         seconds = path_seconds(backend, rows, d_in, d_out, experts, jnp.dtype(dtype).name)
-        return min(seconds, key=seconds.get)
+        return _agreed(min(seconds, key=seconds.get), (rows, d_in, d_out, experts,
+                                                        jnp.dtype(dtype).name))
     if ratio is None:
         return "ragged_dot" if backend in ("gpu", "tpu") else "blocks"
     return "ragged_dot" if ratio <= RAGGED_DOT_SLACK else "blocks"
+
+
+_AGREED: dict = {}
+
+
+def _agreed(choice: str, shape: tuple) -> str:
+    """Process 0's choice at ``shape`` on every process: each times the paths itself, and on a
+    near tie processes could otherwise compile different programs for one step. Agreed at
+    trace time through the jax.distributed key-value store (as JAX's compiler shares its
+    caches): no device computation, which tracing forbids."""
+    if jax.process_count() == 1:
+        return choice
+    if shape not in _AGREED:
+        from jax._src import distributed        # the store's client: JAX's only handle on it
+        client, key = distributed.global_state.client, "switchzoo/dropless/" + "/".join(
+            map(str, shape))
+        if jax.process_index() == 0:
+            client.key_value_set(key, choice)
+        _AGREED[shape] = client.blocking_key_value_get(key, 600_000)
+    return _AGREED[shape]
 
 
 # ------------------------------------------------------------- block-sparse grouped matmul

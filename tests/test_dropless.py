@@ -237,3 +237,36 @@ def test_auto_times_both_paths_where_the_count_cannot_see_the_kernel(monkeypatch
         return x + 1
     jax.jit(traced)(jnp.ones(2))
     assert set(timed) == {"ragged_dot", "blocks"} and all(t > 0 for t in timed.values())
+
+
+AGREE = """
+import sys, jax, jax.numpy as jnp
+jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2,
+                           process_id=int(sys.argv[2]))
+from switchzoo import dropless
+me = jax.process_index()
+dropless._backend = lambda: "gpu"
+dropless.ragged_dot_cost = lambda *a, **k: None
+# a near tie timed the other way round on each process
+dropless.path_seconds = lambda *a, **k: {"ragged_dot": 1.0 + me, "blocks": 2.0 - me}
+picked = []
+jax.jit(lambda x: (picked.append(dropless.resolve("auto", 64, 8, 16, 4)), x)[1]).lower(
+    jnp.ones(2))
+print("picked", picked[0])
+"""
+
+
+def test_auto_takes_process_0s_timing_on_every_process():
+    """Each process times the paths itself; on a near tie they would compile different
+    programs for one step. 2 real processes (jax.distributed on loopback): both take process
+    0's choice, agreed while the step traces."""
+    import subprocess
+    import sys
+    from tests.test_multiprocess import ROOT, env, free_port
+    address = f"127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-c", AGREE, address, str(i)], cwd=ROOT,
+                              env=env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[1][1][-2000:]
+    assert [o.strip().splitlines()[-1] for o, _ in outs] == ["picked ragged_dot"] * 2

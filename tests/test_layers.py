@@ -75,6 +75,23 @@ def test_decoder_is_causal_and_respects_segments(moe):
         np.testing.assert_allclose(packed[:, 8:], alone, rtol=1e-5, atol=1e-5)
 
 
+def test_positions_that_are_not_consecutive_within_a_segment_are_refused():
+    """The relative-position bias reads token order: a segment's positions must run n, n+1, ...
+    (any start: a sequence packed at an offset computes what it computes alone). Checked on
+    concrete arrays, as here (under jit they are the caller's promise; the model's callers in
+    switchzoo pass packing's positions or none)."""
+    model = transformer.build(zoo.get("switch_tiny").replace(moe=SWITCH_ROW_GROUPS, num_layers=1))
+    ids = jax.random.randint(jax.random.key(1), (1, 8), 1, 256)
+    shifted, _ = model(ids, positions_BL=jnp.arange(5, 13)[None])
+    np.testing.assert_allclose(shifted, model(ids)[0], rtol=1e-5, atol=1e-5)
+    gap = jnp.array([[0, 1, 2, 3, 5, 6, 7, 8]])
+    with pytest.raises(ValueError, match="not consecutive within segment 1 of row 0: token 4 "
+                                         "has position 5, not 4"):
+        model(ids, positions_BL=gap)
+    segments = jnp.array([[1, 1, 1, 1, 2, 2, 0, 0]])      # a new segment may restart; padding
+    model(ids, positions_BL=jnp.array([[0, 1, 2, 3, 0, 1, 9, 9]]), segments_BL=segments)
+
+
 def test_capacity_couples_the_rows_of_a_group():
     """One routing group over both rows with 1 slot per expert (32 tokens x 0.25 / 8): top-1
     routing serves tokens in group order, row 0 before row 1, so changing row 0's later
