@@ -154,13 +154,14 @@ def claims(result: dict) -> dict:
     """The study's goals, each as holds / fails with its margin, from finished runs only (a goal
     whose runs have not finished is left out). Every comparison of final losses is judged by the
     one seed-noise rule (switchzoo.noise, verdicts.compare): like for like over the seeds both
-    runs have, the same-seed gaps' spread as the noise where two or more seeds ran, else the
-    study's reference spread (the largest seed spread of one model). Top-2 results carry the
+    runs have, a paired t-test's 95% half-width as the noise where two or more seeds ran, else
+    one from the study's reference (the largest seed sd of one model). Top-2 results carry the
     dropped fraction of their picks in training beside them (the slots are top-1's)."""
     runs = {n: r for n, r in result["runs"].items() if r["finished"]}
     result = {**result, "runs": runs}
     ref = verdicts.reference(result)
-    out = {"noise_rule": noise.RULE, "reference_spread": None if ref is None else round(ref, 4),
+    out = {"noise_rule": noise.RULE,
+           "reference_sd": None if ref is None else {"sd": round(ref[0], 4), "df": ref[1]},
            "seed_spread": {m: verdicts.seed_spread(result, [n for n, in seeded(m)])
                            for m in ("dense", "switch_8")}}
     if "dense" in runs and "switch_8" in runs:

@@ -112,9 +112,9 @@ def seeds(result: dict, name: str, key: str = "final_eval_loss") -> dict[int, fl
     return out
 
 
-def reference(result: dict) -> float | None:
-    """The study's reference spread (switchzoo.noise.reference): the largest seed spread of
-    one model's final held-out loss over the runs that differ only by seed."""
+def reference(result: dict) -> tuple[float, int] | None:
+    """The study's reference (switchzoo.noise.reference): (sd, degrees of freedom) of the most
+    seed-sensitive model's final held-out loss over the runs that differ only by seed."""
     groups: dict[tuple, dict[int, float]] = {}
     for r in result["runs"].values():
         if r.get("final_eval_loss") is not None:
@@ -122,9 +122,10 @@ def reference(result: dict) -> float | None:
     return noise.reference({str(k): v for k, v in groups.items()})
 
 
-def compare(result: dict, better: str, worse: str, ref: float | None = None) -> dict:
+def compare(result: dict, better: str, worse: str,
+            ref: tuple[float, int] | None = None) -> dict:
     """Run ``better`` against run ``worse`` (final held-out loss, lower is better) under the
-    one rule, like for like over their common seeds, with the study's reference spread unless
+    one rule, like for like over their common seeds, with the study's reference unless
     ``ref`` is given; the runs and the verdict's words added."""
     ref = reference(result) if ref is None else ref
     c = noise.compare(seeds(result, better), seeds(result, worse), ref)

@@ -16,8 +16,9 @@ vocabulary is compared by content) are shown as one row: the mean over the seeds
 spread (max - min). Otherwise the run evaluated at the latest step is shown. Each ordering the
 paper shows is judged by the one seed-noise rule (switchzoo.noise): each 'better' row against
 each 'worse' row over the seeds both ran, the margin the mean same-seed gap in the metric's good
-direction, the noise the spread of those gaps (two or more common seeds), else the table's
-largest one-row seed spread; the ordering's margin is its pairs' smallest.
+direction, the noise a paired t-test's 95% half-width over those gaps (two or more common
+seeds), else one from the table's largest one-row seed sd; the ordering's margin is its
+pairs' smallest.
 """
 from __future__ import annotations
 
@@ -270,7 +271,7 @@ def _check(claim: dict, table: dict, chosen: dict) -> dict:
     values = {label: _ours(chosen.get(label), metric) for label in labels}
     result = {"claim": claim["claim"], "holds": None, "margin": None, "compared": None,
               "pair_margin": None, "seeds": None, "noise": None, "noise_from": None,
-              "ratio": None, "within_noise": None}
+              "df": None, "ratio": None, "within_noise": None}
     missing = [label for label, v in values.items() if v is None]
     if missing:
         return {**result, "detail": "no run for " + ", ".join(missing)}
@@ -294,7 +295,7 @@ def _check(claim: dict, table: dict, chosen: dict) -> dict:
     return {**result, "holds": all(q["better"] for q in pairs.values()),
             "margin": min(q["margin"] for q in pairs.values()),
             "compared": list(pair), "seeds": c["seeds"], "noise": c["noise"],
-            "noise_from": c["noise_from"], "ratio": c["ratio"],
+            "noise_from": c["noise_from"], "df": c["df"], "ratio": c["ratio"],
             "within_noise": None if c["beyond_noise"] is None else not c["beyond_noise"],
             "pair_margin": c["margin"], "detail": f"{metric}: {detail}"}
 
@@ -317,10 +318,10 @@ def _ordering_line(result: dict) -> str:
     if result["noise"] is None:
         verdict = "no noise estimate: one seed per row"
     else:
-        source = ("the spread of the same-seed gaps" if result["noise_from"] == "paired"
-                  else "the largest seed spread of one row")
-        ratio = "" if result["ratio"] is None else f", {result['ratio']:.1f}x"
-        verdict = f"noise {result['noise']:.4g}, {source}{ratio}"
+        source = ("paired t over the same-seed gaps" if result["noise_from"] == "paired"
+                  else "from the largest seed sd of one row")
+        verdict = (f"noise {result['noise']:.4g} (95%, {source}, {result['df']} df), "
+                   f"{result['ratio']:.1f}x")
     return (f"- [{mark}] {result['claim']} (margin {result['margin']:+.4g}; {judged}; "
             f"{verdict}; {result['detail']})")
 

@@ -107,8 +107,10 @@ def test_the_headline_questions_at_each_models_best_rate():
     speedup = claims["switch_8_speedup"]
     # dense's 4.0 reached at 200 + 0.5 / 0.6 x 200 (0.917 of 400); seed 1's 4.1 at 0.885
     assert speedup["fraction_of_dense_steps"] == [0.917, 0.885] and not speedup["holds"]
-    noise = claims["switch_8_beyond_noise"]              # gaps 0.1 and 0.15, paired by seed
-    assert noise["gaps"] == [0.1, 0.15] and noise["noise_from"] == "paired" and noise["holds"]
+    # gaps 0.1 and 0.15, paired by seed: margin 0.125, within a paired t's 0.318 at 1 df
+    noise = claims["switch_8_beyond_noise"]
+    assert noise["gaps"] == [0.1, 0.15] and noise["noise_from"] == "paired"
+    assert noise["noise"] == 0.3177 and noise["holds"] is False
     assert "more_experts_help" in claims and claims["more_experts_help"]["holds"]
 
 
@@ -148,7 +150,10 @@ def test_table1_rows_at_switch_8s_best_rate():
     assert pair["seeds"] == [0, 1] and pair["gaps"] == [0.02, -0.01]
     assert pair["noise_from"] == "paired" and not pair["beyond_noise"]
     every = claims["switch_beats_dense_every_capacity"]
-    assert set(every["by_row"]) == {"switch_8", "top2_8"} and every["holds"]
+    # both rows 0.1 below dense on seed 0 and 0.1 / 0.11 on seed 1: top2_8's gaps (0.08,
+    # 0.11) are too far apart for two seeds to call its margin beyond noise
+    assert set(every["by_row"]) == {"switch_8", "top2_8"}
+    assert every["by_row"]["switch_8"]["beyond_noise"] and every["holds"] is False
 
 
 def test_the_pair_continued_to_twice_the_budget():

@@ -251,25 +251,27 @@ def test_runs_differing_only_by_seed_are_averaged_with_their_spread(tmp_path):
     eight, sixteen, thirty_two = tables.check_ordering("switch_figure4_mini", runs)
     # The noise rule (switchzoo.noise), like for like; neg_log_perplexity = -loss, higher better.
     # 8 vs dense, paired over seeds 0 and 1: gaps 2.50 - 2.40 = 0.10 and 2.57 - 2.46 = 0.11,
-    # margin 0.105, noise their spread 0.01: 10.5x, beyond noise. (Two unpaired means against
-    # the larger row spread, the rule before, read 0.105 < 2 x 0.07: within.)
+    # margin 0.105; sd of the gaps 0.0071, so a paired t-test's 95% half-width at 1 degree of
+    # freedom is 12.71 x 0.0071 / sqrt(2) = 0.0635: 1.7x, beyond noise. (Two unpaired means
+    # against the larger row spread, an older rule, read 0.105 < 2 x 0.07: within.)
     assert eight["holds"] is True and eight["margin"] == pytest.approx(0.105)
     assert eight["within_noise"] is False
     assert (eight["seeds"], eight["noise_from"]) == ([0, 1], "paired")
-    assert eight["noise"] == pytest.approx(0.01) and eight["ratio"] == pytest.approx(10.5)
+    assert eight["noise"] == pytest.approx(0.0635) and eight["ratio"] == pytest.approx(1.7)
+    assert eight["df"] == 1
     assert "dense_lm_cpu (dense): -2.535 (mean of 2 seeds)" in eight["detail"]
     # 16 vs 8: seed 0 against seed 0 (not against 8's two-seed mean, 2.43, which read +0.02):
-    # 2.40 - 2.41 = -0.01, 16 is behind; one common seed, so the noise is the reference spread,
-    # the table's largest one-row seed spread: dense's 0.07 (switch_8's is 0.06)
+    # 2.40 - 2.41 = -0.01, 16 is behind; one common seed, so the noise comes from the reference,
+    # the table's largest one-row seed sd: dense's 0.0495 (switch_8's is 0.0424), 1 degree of
+    # freedom: 12.71 x sqrt(2) x 0.0495 = 0.8894
     assert sixteen["holds"] is False and sixteen["margin"] == pytest.approx(-0.01)
     assert sixteen["within_noise"] is True
     assert (sixteen["seeds"], sixteen["noise_from"]) == ([0], "reference")
-    assert sixteen["noise"] == pytest.approx(0.07)
-    # 32 vs 16: one seed each, 2.41 - 2.30 = 0.11 < 2 x 0.07: within noise (the rule before had
-    # no spread for one-seed rows and gave no verdict)
+    assert sixteen["noise"] == pytest.approx(0.8894)
+    # 32 vs 16: one seed each, 2.41 - 2.30 = 0.11 < 0.8894: within noise
     assert thirty_two["margin"] == pytest.approx(0.11) and thirty_two["holds"] is True
-    assert thirty_two["within_noise"] is True and thirty_two["noise"] == pytest.approx(0.07)
-    assert thirty_two["ratio"] == pytest.approx(1.6)
+    assert thirty_two["within_noise"] is True and thirty_two["noise"] == pytest.approx(0.8894)
+    assert thirty_two["ratio"] == pytest.approx(0.1)
 
     text = tables.collect("switch_figure4_mini", runs)
     dense_row = _row(text, "dense_lm_cpu (dense)")
@@ -279,24 +281,26 @@ def test_runs_differing_only_by_seed_are_averaged_with_their_spread(tmp_path):
     assert "| -2.43 |" in row8 and "| 0, 1 (0.06) |" in row8 and "| 200 |" in row8
     assert _row(text, "switch_lm_cpu_32").endswith(f"| 0 | {s32} |")
     assert ("- [holds, beyond noise] 8 experts beat dense at equal FLOPs per token (margin "
-            "+0.105; seeds 0, 1; noise 0.01, the spread of the same-seed gaps, 10.5x; "
+            "+0.105; seeds 0, 1; noise 0.0635 (95%, paired t over the same-seed gaps, 1 df), "
+            "1.7x; "
             "neg_log_perplexity: ") in text
-    assert ("- [FAILS, within noise] 16 experts beat 8 (margin -0.01; seed 0; noise 0.07, the "
-            "largest seed spread of one row, 0.1x; ") in text
-    assert "- [holds, within noise] 32 experts beat 16 (margin +0.11; seed 0; noise 0.07, " in text
+    assert ("- [FAILS, within noise] 16 experts beat 8 (margin -0.01; seed 0; noise 0.8894 (95%, "
+            "from the largest seed sd of one row, 1 df), 0.0x; ") in text
+    assert "- [holds, within noise] 32 experts beat 16 (margin +0.11; seed 0; noise 0.8894 " in text
     notes = text.split("Notes:")[1]
     assert f"the mean of {s0}, {s1} (seeds 0, 1; step 200, the latest)" in notes
     assert f"{s2} (step 100)" in notes and f"{s0b} (step 200; seed 0 again)" in notes
     assert f"{d2} (step 200; differs in vocabulary)" in notes
 
-    # One common seed beyond the reference spread: seed 0's gap 2.50 - 2.0 = 0.5 (not 0.535,
-    # against dense's mean), 7.1x dense's 0.07. One seed per row keeps today's table (no seeds
-    # column, the latest step wins) and has no noise estimate.
-    far = _run(tmp_path, "sw8_far", "switch_lm_cpu_8", 300, _results(300, 2.0))
+    # One common seed beyond the reference: seed 0's gap 2.50 - 1.5 = 1.0 (not 1.035, against
+    # dense's mean), 1.1x the 0.8894 of dense's sd. One seed per row keeps today's table (no
+    # seeds column, the latest step wins) and has no noise estimate.
+    far = _run(tmp_path, "sw8_far", "switch_lm_cpu_8", 300, _results(300, 1.5))
     check = tables.check_ordering("switch_figure4_mini", [d0, d1, far])[0]
-    assert check["margin"] == pytest.approx(0.5) and check["within_noise"] is False
-    assert "- [holds, beyond noise] 8 experts beat dense at equal FLOPs per token (margin +0.5; " \
-           "seed 0; noise 0.07, the largest seed spread of one row, 7.1x; " in tables.collect(
+    assert check["margin"] == pytest.approx(1.0) and check["within_noise"] is False
+    assert "- [holds, beyond noise] 8 experts beat dense at equal FLOPs per token (margin +1; " \
+           "seed 0; noise 0.8894 (95%, from the largest seed sd of one row, 1 df), 1.1x; " in \
+           tables.collect(
                "switch_figure4_mini", [d0, d1, far])
     single = tables.collect("switch_figure4_mini", [d0, far, s0])
     assert "seeds (spread" not in single and _row(single, "switch_lm_cpu_8").endswith(
@@ -309,9 +313,10 @@ def test_runs_differing_only_by_seed_are_averaged_with_their_spread(tmp_path):
 def test_an_ordering_over_several_rows_is_beyond_noise_only_if_every_pair_is(tmp_path):
     # Switch Table 1 mini, "Switch at every capacity factor beats dense", every row seeds 0 and
     # 1 (losses; neg_log_perplexity = -loss). Same-seed gaps to dense (2.50, 2.56):
-    #   cf 1.0:  2.37, 2.42 -> 0.13, 0.14: margin 0.135, noise 0.01 -> beyond (13.5x)
-    #   cf 1.25: 2.36, 2.30 -> 0.14, 0.26: margin 0.20,  noise 0.12 -> within (1.7x)
-    #   cf 2.0:  2.25, 2.29 -> 0.25, 0.27: margin 0.26,  noise 0.02 -> beyond (13x)
+    #   cf 1.0:  2.37, 2.42 -> 0.13, 0.14: margin 0.135, noise 0.0635 -> beyond (2.1x)
+    #   cf 1.25: 2.36, 2.30 -> 0.14, 0.26: margin 0.20,  noise 0.7624 -> within (0.3x)
+    #   cf 2.0:  2.25, 2.29 -> 0.25, 0.27: margin 0.26,  noise 0.1271 -> beyond (2.0x)
+    # (noise: a paired t-test's 95% half-width, 12.71 x sd(gaps) / sqrt(2) at 1 df)
     # The claim holds by 0.135 (the smallest margin) but within noise: cf 1.25's pair decides.
     # (The rule before: row means, 0.135 against 2 x 0.06, the largest row spread: beyond.)
     losses = {"dense": (2.50, 2.56), 1.0: (2.37, 2.42), 1.25: (2.36, 2.30), 2.0: (2.25, 2.29)}
@@ -326,12 +331,12 @@ def test_an_ordering_over_several_rows_is_beyond_noise_only_if_every_pair_is(tmp
     assert sparse["holds"] is True and sparse["margin"] == pytest.approx(0.135)
     assert sparse["within_noise"] is True
     assert sparse["compared"] == ["switch_lm_cpu_8 top-1 1.25", "dense_lm_cpu (dense)"]
-    assert sparse["pair_margin"] == pytest.approx(0.20) and sparse["noise"] == pytest.approx(0.12)
-    assert sparse["ratio"] == pytest.approx(1.7)
+    assert sparse["pair_margin"] == pytest.approx(0.20)
+    assert sparse["noise"] == pytest.approx(0.7624) and sparse["ratio"] == pytest.approx(0.3)
     assert ("- [holds, within noise] Switch at every capacity factor reaches lower loss than "
             "dense at equal steps (margin +0.135; judged on switch_lm_cpu_8 top-1 1.25 vs "
-            "dense_lm_cpu (dense), +0.2 over seeds 0, 1; noise 0.12, the spread of the same-seed "
-            "gaps, 1.7x; ") in tables.collect("switch_table1_mini", runs)
+            "dense_lm_cpu (dense), +0.2 over seeds 0, 1; noise 0.7624 (95%, paired t over the "
+            "same-seed gaps, 1 df), 0.3x; ") in tables.collect("switch_table1_mini", runs)
 
 
 def test_every_shipped_table_loads():
