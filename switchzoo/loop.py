@@ -30,18 +30,23 @@ def check_workdir(workdir: pathlib.Path, config) -> None:
     """Refuses a workdir whose checkpoints belong to another model or task, a damaged
     config.json, and a resume that changes what is trained without allow_changes
     (switchzoo.record)."""
-    saved = workdir / "config.json"
+    saved, ckpts = workdir / "config.json", workdir / "checkpoints"
+    trained = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) \
+        if ckpts.is_dir() else []
     if saved.is_file():
         old = record.read_config(workdir)
         for key in ("model", "task"):
             if old.get(key) != config[key]:
                 raise ValueError(f"{workdir} holds a run of {key} '{old.get(key)}', not "
                                  f"'{config[key]}'; use a new --workdir (nothing was changed)")
-        ckpts = workdir / "checkpoints"
-        trained = [int(p.name) for p in ckpts.iterdir() if p.name.isdigit()] \
-            if ckpts.is_dir() else []
         if trained:                 # committed checkpoints: the record holds since then
             record.check_resume(workdir, config, config.restore_step or max(trained))
+    elif trained and not config.get("allow_changes", False):
+        raise ValueError(f"{workdir} has checkpoints (steps {trained[0]}..{trained[-1]}) but no "
+                         "config.json, so what trained them cannot be checked against this "
+                         "command: put the run's config.json back, or pass "
+                         "--config.allow_changes=True to resume them with this command's "
+                         "settings (recorded in a new config.json), or use a new --workdir")
     workdir.mkdir(parents=True, exist_ok=True)
 
 

@@ -247,6 +247,24 @@ def test_a_run_past_its_steps_says_so_and_changes_nothing(run, tmp_path):
     assert snapshot(copy) == before
 
 
+def test_checkpoints_without_their_config_json_are_not_resumed_blind(run, tmp_path):
+    """A workdir whose config.json was lost (deleted, or the directory recreated by a process
+    still running) keeps checkpoints no setting can be checked against: refused in one line,
+    untouched, unless allow_changes takes this command's settings for them."""
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    (copy / "config.json").unlink()
+    before = snapshot(copy)
+    with pytest.raises(ERRORS, match=r"has checkpoints \(steps .*3\) but no config.json, so "
+                                     r"what trained them cannot be checked"):
+        loop.train(lm_config(num_train_steps=4), copy, print_fn=lambda *_: None)
+    assert snapshot(copy) == before
+    lines = []
+    loop.train(lm_config(num_train_steps=4, allow_changes=True), copy, print_fn=lines.append)
+    assert any("resuming at step 3" in line for line in lines)
+    assert (copy / "config.json").is_file()
+
+
 def test_init_from_says_what_it_loaded(run, tmp_path):
     lines = []
     loop.train(lm_config(init_from=str(run), num_train_steps=1, checkpoint_every_steps=1),
