@@ -1,6 +1,6 @@
 """The layout search's memory estimate against the compiles it has on record: every compiled row
 of the search results in docs/bench/layout_search/*.json, estimated again by today's
-switchzoo/layout/estimate.py and divided into the peak XLA reported when the row was compiled.
+switchzoo/planner/estimate.py and divided into the peak XLA reported when the row was compiled.
 
 No compile here (seconds on one CPU): each file's run is rebuilt from what its JSON records
 (model, devices, global batch, input length, dtype, remat, optimizer; configs/c4.py for an
@@ -30,8 +30,8 @@ def rows_of(path: pathlib.Path) -> tuple[list[dict], str | None]:
     import json
 
     from switchzoo import state as state_lib, zoo
-    from switchzoo.layout import command, search
-    from switchzoo.layout.estimate import analytic_model
+    from switchzoo.planner import command, search
+    from switchzoo.planner.estimate import analytic_model
     result = json.loads(path.read_text())
     rows = [r for r in result.get("rows", []) if r.get("peak_bytes")]
     if not rows:

@@ -1,5 +1,5 @@
 """Where a compiled step's device time goes: a jax.profiler trace of a few steps, every device
-op attributed to its phase and model part (bench/step_profile.classify), on CPU or GPU.
+op attributed to its phase and model part (bench/op_kinds.classify), on CPU or GPU.
 
 On a GPU the trace's events are kernels, named after their fusion (``loop_add_fusion_3``), or
 after the library that ran them (cuBLAS ``nvjet_*``, cuDNN ``*sdpa*``/``fmha*``); XLA annotates
@@ -20,7 +20,7 @@ import re
 import tempfile
 import time
 
-import step_profile
+import op_kinds
 
 DERIVED_LINES = ("XLA Modules", "XLA Ops", "Steps", "Framework", "Source", "XLA TraceMe",
                  "Launch Stats", "TensorFlow")
@@ -44,7 +44,7 @@ def device_events(path: str):
             if not on_gpu and not line.name.startswith("tf_XLA"):
                 continue
             for e in line.events:
-                if e.name.startswith(step_profile.RUNTIME):
+                if e.name.startswith(op_kinds.RUNTIME):
                     continue
                 try:
                     stats = {str(k): v for k, v in e.stats}
@@ -76,7 +76,7 @@ def attribute(path: str, ops: dict, steps: int, wall_ms: float) -> dict:
     for name, ns, stats in device_events(path):
         ms = ns / 1e6 / steps
         op, found = resolve(name, stats, ops, spelled)
-        phase, part, kind = step_profile.classify(op or name, ops.get(op))
+        phase, part, kind = op_kinds.classify(op or name, ops.get(op))
         for lib_kind, pattern in LIBRARY:            # cuBLAS, Triton GEMMs, cuDNN attention
             if pattern.search(name):
                 kind, part = "matmul", ("attention" if lib_kind == "attention" else part)
@@ -86,11 +86,11 @@ def attribute(path: str, ops: dict, steps: int, wall_ms: float) -> dict:
         how[found] += ms
         if len(sample) < 4:
             sample.append({"name": name, "stats": {k: str(v)[:160] for k, v in stats.items()}})
-    summary = step_profile.summarise(totals, count, wall_ms)
+    summary = op_kinds.summarise(totals, count, wall_ms)
     device_ms = sum(how.values()) or 1.0
     summary.update(
-        top_scopes=dict(list(step_profile.by(summary, "phase", "part").items())[:15]),
-        by_kind=step_profile.by(summary, "phase", "kind"),
+        top_scopes=dict(list(op_kinds.by(summary, "phase", "part").items())[:15]),
+        by_kind=op_kinds.by(summary, "phase", "kind"),
         top_kernels=[{"kernel": k, "op_name": o, "ms": round(v, 3)}
                      for (k, o), v in kernels.most_common(30)],
         attributed_by={k: round(v / device_ms, 3) for k, v in how.most_common()},
@@ -101,7 +101,7 @@ def attribute(path: str, ops: dict, steps: int, wall_ms: float) -> dict:
 def trace(step, steps: int = 3) -> dict:
     """Attribute ``steps`` runs of a bench/common.Step (already compiled and warm)."""
     import jax
-    ops = step_profile.hlo_ops(step.compiled.as_text())
+    ops = op_kinds.hlo_ops(step.compiled.as_text())
     with tempfile.TemporaryDirectory() as tmp:
         jax.profiler.start_trace(tmp)
         start = time.perf_counter()

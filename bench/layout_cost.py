@@ -2,8 +2,8 @@
 
     python bench/layout_cost.py [--out docs/bench/layout_cost.json] [--repeats 5]
 
-The search (switchzoo/layout/search.py) prices compute as the per-device matmul FLOPs read from
-the compiled program (switchzoo/layout/hlo.py, loop bodies times their trip counts) over the
+The search (switchzoo/planner/search.py) prices compute as the per-device matmul FLOPs read from
+the compiled program (switchzoo/planner/hlo.py, loop bodies times their trip counts) over the
 device's peak. Here one model's train step runs for real under several layouts on 8 simulated
 CPU devices. The 8 devices share this machine's cores, so a step's wall time is the work of all
 8 together: if the FLOP count is a fair measure of the work, the achieved FLOP/s (8 x per-device
@@ -38,7 +38,7 @@ def measure(model: str, mesh: str, layout: str, batch: int, length: int, repeats
     import numpy as np
 
     from switchzoo import state as state_lib, steps, zoo
-    from switchzoo.layout import hlo
+    from switchzoo.planner import hlo
     cfg = zoo.get(model).replace(**width)
     setup = state_lib.setup(cfg, layout, mesh, optimizer="adafactor")
     step = steps.make_train_step(setup)

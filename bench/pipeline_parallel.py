@@ -7,7 +7,7 @@ read: parameter and optimizer bytes per device (from the shardings), XLA's tempo
 device (activations and workspace), the all-reduces over the data shards (bytes a step, and
 the most times one of them runs a step, all-reduces of one size and group counted together:
 1 where the gradients are reduced once, after the loop), and the matmul FLOPs each device
-executes inside the layer loops (switchzoo/layout/hlo.py, loop trip counts multiplied in). In switchzoo's pipeline a stage
+executes inside the layer loops (switchzoo/planner/hlo.py, loop trip counts multiplied in). In switchzoo's pipeline a stage
 with no micro-batch to run computes on a dummy one, so the bubble shows up as executed work:
 
     measured idle fraction = 1 - (useful layer FLOPs per device) / (executed layer FLOPs)
@@ -45,7 +45,7 @@ def compile_step(cfg, mesh: str, layout: str, batch: int, length: int, devices):
     import numpy as np
 
     from switchzoo import inspector, state as state_lib, steps
-    from switchzoo.layout import hlo
+    from switchzoo.planner import hlo
     setup = state_lib.setup(cfg, layout, mesh, devices=devices, optimizer="adafactor")
     fake = {k: jax.ShapeDtypeStruct((batch, length), dt) for k, dt in
             (("inputs", np.int32), ("targets", np.int32), ("weights", np.float32))}

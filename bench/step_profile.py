@@ -21,18 +21,16 @@ from __future__ import annotations
 import collections
 import glob
 import os
-import re
 import sys
 import tempfile
 import time
 
 from common import emit, machine
 
+import gpu_profile
 import peer
+from op_kinds import by, hlo_ops, summarise
 
-PARTS = ("attention", "relpos_bias", "masks", "norm", "mlp", "routing", "dispatch", "experts",
-         "combine", "embed", "logits", "loss", "optimizer", "checks")
-RUNTIME = ("ThreadpoolListener", "ThunkExecutor", "end:", "SlinkyThreadPool")
 
 
 def build_parser():
@@ -46,39 +44,6 @@ def build_parser():
 
 
 # ------------------------------------------------------------------------------ switchzoo
-
-def hlo_ops(hlo_text: str) -> dict:
-    """{instruction name: (opcode, op_name, is_matmul)} of a compiled module's text."""
-    ops = {}
-    for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = (?:\([^=]*?\)|\S+) ([\w\-]+)\((.*)$",
-                         hlo_text, re.M):
-        name, opcode, rest = m.groups()
-        meta = re.search(r'op_name="([^"]*)"', rest)
-        matmul = opcode in ("dot", "convolution") or any(
-            lib in rest for lib in ("__ynn_fusion", "__onednn", "__xnn",          # XLA:CPU
-                                    "__cublas", "__cudnn$fmha", "__triton_gemm"))  # a GPU
-        ops[name] = (opcode, meta.group(1) if meta else "", matmul)
-    return ops
-
-
-def classify(name: str, op: tuple | None) -> tuple[str, str, str]:
-    """(phase, part, kind) of one executed XLA op."""
-    opcode, op_name, matmul = op or ("?", "", False)
-    phase = ("backward" if "transpose(jvp(" in op_name else
-             "forward" if "jvp(" in op_name else "update")
-    part = next((p for p in PARTS if re.search(rf"[(/]{p}[)/]", op_name)), "other")
-    if matmul:
-        kind = "matmul"
-    elif opcode in ("copy", "transpose") or name.startswith(("copy", "transpose", "bitcast")):
-        kind = "copy/layout"
-    else:
-        kind = "elementwise/reduce"
-    if part in ("optimizer", "checks"):
-        phase = "update"
-    elif op_name.startswith("state."):      # a weight put in the layout its matmuls read
-        phase, part = "forward", "weight layout"
-    return phase, part, kind
-
 
 def profile_ours(step, steps: int, trace_dir: str) -> dict:
     import jax
@@ -95,7 +60,6 @@ def profile_ours(step, steps: int, trace_dir: str) -> dict:
     wall = (time.perf_counter() - start) / steps
     jax.profiler.stop_trace()
     path = sorted(glob.glob(os.path.join(trace_dir, "plugins/profile/*/*.xplane.pb")))[-1]
-    import gpu_profile                     # the attribution of every device op, CPU or GPU
     return gpu_profile.attribute(path, ops, steps, wall * 1e3)
 
 
@@ -142,23 +106,6 @@ def profile_theirs(step, steps: int) -> dict:
 
 
 # ------------------------------------------------------------------------------ both
-
-def summarise(totals, count, wall_ms: float) -> dict:
-    ops_ms = sum(totals.values())
-    rows = [{"phase": p, "part": part, "kind": k, "ms": round(ms, 2),
-             "ops_per_step": round(count[(p, part, k)])}
-            for (p, part, k), ms in sorted(totals.items(), key=lambda kv: -kv[1])]
-    return {"step_ms": round(wall_ms, 1), "ops_ms": round(ops_ms, 1),
-            "outside_ops_ms": round(wall_ms - ops_ms, 1),
-            "ops_per_step": round(sum(count.values())), "rows": rows}
-
-
-def by(side: dict, *fields) -> dict:
-    out = collections.Counter()
-    for r in side["rows"]:
-        out[" ".join(r[f] for f in fields)] += r["ms"]
-    return {k: round(v, 2) for k, v in out.most_common()}
-
 
 def table(result: dict) -> str:
     ours, theirs = result["switchzoo"], result["transformers"]

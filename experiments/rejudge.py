@@ -67,8 +67,9 @@ def rejudge_any(result: dict) -> dict:
     words = result.get("command", "").split()
     script = pathlib.Path(words[1]).name if len(words) > 1 else ""
     if script in WHOLE and (script != "lr_sweep.py" or "best" in result):
-        key, judge = WHOLE[script]
-        return {**result, key: judge(result)}
+        key, judge = WHOLE[script]           # its own key by its judge, the rest by the walk
+        return {**{k: v if k == "runs" else _walk(v) for k, v in result.items()},
+                key: judge(result)}
     return _walk(result)
 
 

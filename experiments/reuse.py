@@ -34,7 +34,7 @@ def sources(args) -> dict[str, pathlib.Path]:
 
 def config_value(study: harness.Study, key: str):
     """The study's config file's value of ``key`` (no flag given)."""
-    from switchzoo.layout.command import load_config       # the run-config file reader
+    from switchzoo.planner.command import load_config       # the run-config file reader
     return load_config(str(ROOT / study.config))[key]
 
 

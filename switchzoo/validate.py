@@ -71,6 +71,7 @@ RANGES = {
     "data.max_eval_examples": at_least(0, " (0: all)"),
     "data.embedded_max_pairs": at_least(0, " (0: all)"),
     "data.prefetch": at_least(0, " (0: no read-ahead)"),
+    "data.input_shards": at_least(0, " (0: one per batch shard of the run's first mesh)"),
     "data.noise_density": Range(0, 1, open_low=True, open_high=True),
     "data.mean_noise_span_length": at_least(1),
     "eval.num_beams": at_least(1, " (1: greedy)"),

@@ -84,6 +84,7 @@ def test_series_medians_and_report(peer, result):
 def test_step_profile_attributes_every_op(peer):
     """bench/step_profile.py at toy size: both sides profiled, switchzoo's ops attributed to
     the model's named scopes, each side's rows summing to its op time."""
+    import op_kinds
     import step_profile
     r = step_profile.main(TINY + ["--steps", "2"])
     ours, theirs = r["switchzoo"], r["transformers"]
@@ -97,10 +98,10 @@ def test_step_profile_attributes_every_op(peer):
             side["rows"])
     assert {"matmul", "optimizer"} <= {row["kind"] for row in theirs["rows"]}
     assert "| **step** |" in r["table"]
-    assert step_profile.classify("x", ("fusion", "jit(f)/transpose(jvp(experts))/dot", True)) \
+    assert op_kinds.classify("x", ("fusion", "jit(f)/transpose(jvp(experts))/dot", True)) \
         == ("backward", "experts", "matmul")
-    assert step_profile.classify("copy.3", ("copy", "jit(f)/jvp(attention)/t", False)) \
+    assert op_kinds.classify("copy.3", ("copy", "jit(f)/jvp(attention)/t", False)) \
         == ("forward", "attention", "copy/layout")
-    assert step_profile.classify("copy_bitcast_fusion.2", ("fusion", "state.params['q']",
+    assert op_kinds.classify("copy_bitcast_fusion.2", ("fusion", "state.params['q']",
                                                            False))[:2] == ("forward",
                                                                            "weight layout")

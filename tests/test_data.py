@@ -292,7 +292,7 @@ def test_a_kept_tokenizer_and_harvest_are_what_a_rebuild_gives(tmp_path, monkeyp
     monkeypatch.setattr(memo, "_PROCESS", {})
     monkeypatch.setenv(cache.ENV, "")                         # nothing kept on disk
     assert tokenizer_lib.train(texts, 400) == first
-    from switchzoo.layout import search       # by the layout search either (not ./layouts)
+    from switchzoo.planner import search       # by the layout search either (not ./layouts)
     assert search.cache_dir() is None
     assert len(list((tmp_path / "cache" / "data").glob("tokenizer-*"))) == 1
     assert tokenizer_lib.train(texts[1:], 400) != first       # another text, another model

@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -162,3 +163,31 @@ def test_the_scripts_without_their_dependencies_say_what_to_do_in_one_line():
             f"error: the Python package 'absl' is not installed for {sys.executable}: use the "
             "project's environment (source .venv/bin/activate, or run .venv/bin/python; make "
             "demo creates it)"], out.stderr[-2000:]
+
+
+def lint_imports(root: pathlib.Path) -> subprocess.CompletedProcess:
+    """import-linter's contracts of ``root``/pyproject.toml, on the package in ``root``."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import "
+                           "lint_imports_command as c; sys.exit(c())", "--no-cache"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_floors_hold():
+    """The layers contract in pyproject.toml ([tool.importlinter]): every module of the
+    package is on a floor, and imports (at the top of a file or inside a function) only its
+    own floor and those below."""
+    out = lint_imports(REPO)
+    assert out.returncode == 0 and "1 kept, 0 broken" in out.stdout, out.stdout[-3000:]
+
+
+def test_an_upward_import_inside_a_function_breaks_the_floors(tmp_path):
+    """The contract can fail: the package copied with state.py importing loop (three floors up)
+    inside a function, as layout once reached up to state, dry_run and zoo."""
+    shutil.copytree(ROOT, tmp_path / "switchzoo", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    with open(tmp_path / "switchzoo" / "state.py", "a") as f:
+        f.write("\n\ndef _reaches_up():\n    from switchzoo import loop\n    return loop\n")
+    out = lint_imports(tmp_path)
+    assert out.returncode == 1 and "0 kept, 1 broken" in out.stdout, out.stdout[-3000:]
+    assert "switchzoo.state -> switchzoo.loop" in out.stdout

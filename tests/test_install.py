@@ -21,7 +21,7 @@ PROGRAM = textwrap.dedent("""
     import json, pathlib, sys
     import switchzoo
     from switchzoo import layout, loop, tables, zoo
-    from switchzoo.layout import hardware
+    from switchzoo.planner import hardware
     from switchzoo.configs import mini
     config = mini.get_config("model=switch_tiny,steps=1")
     config.log_every_steps, config.checkpoint_every_steps, config.eval_every_steps = 1, 1, 0

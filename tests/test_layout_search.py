@@ -16,7 +16,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from switchzoo import zoo
-from switchzoo.layout import LayoutError, advice, command, estimate, hardware, hlo, search
+from switchzoo.layout import LayoutError
+from switchzoo.planner import advice, command, estimate, hardware, hlo, search
 
 SHAPE = {"data": 2, "model": 2, "expert": 2}
 

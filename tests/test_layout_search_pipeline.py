@@ -1,4 +1,4 @@
-"""Layout search over a pipeline's stage axis (issue 36; switchzoo/layout/candidates.py,
+"""Layout search over a pipeline's stage axis (issue 36; switchzoo/planner/candidates.py,
 estimate.py, search.py): the enumeration of stage sizes and micro-batches; the estimate's
 pipeline terms against hand counts (state and FLOPs per stage, the bubble, the sends, the
 last stage's all-reduce, a circular schedule's re-layout); "is PP x EP x DP better than EP x MP
@@ -10,7 +10,8 @@ import math
 import pytest
 
 from switchzoo import zoo
-from switchzoo.layout import LayoutError, advice, command, estimate, hardware, search
+from switchzoo.layout import LayoutError
+from switchzoo.planner import advice, command, estimate, hardware, search
 
 AXES = ("stage", "data", "model", "expert")
 

@@ -13,7 +13,7 @@ import pytest
 from switchzoo import inspector, layout as L, loop, pipeline, state as state_lib, steps, weights
 from switchzoo import zoo
 from switchzoo.configs import mini
-from switchzoo.layout import hlo
+from switchzoo.planner import hlo
 
 from test_mesh_equivalence import BATCH, TX, assert_close, one_step
 

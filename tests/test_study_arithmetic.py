@@ -408,3 +408,10 @@ def test_train_and_held_out_gaps_show_a_run_fitting_seen_text_faster():
                        "going": {**run, "finished": False}}}
     assert list(verdicts.train_and_held_out_pairs(
         result, [("s", "d"), ("s", "old"), ("going", "d"), ("s", "absent")])) == ["s"]
+
+
+def test_every_published_verdict_is_judged_by_todays_rule():
+    """docs/*.json hold their verdicts as today's rule judges them (experiments/rejudge.py
+    --all: the script judges, and every other verdict from its recorded same-seed gaps): a
+    change of the rule re-publishes them and lists what changed."""
+    assert rejudge.rejudge_all(publish=False) == []

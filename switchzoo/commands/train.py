@@ -75,7 +75,7 @@ def main(argv):
 
 
 def _search_layout(f) -> None:
-    from switchzoo.layout import command
+    from switchzoo.planner import command
     if not f.hardware:
         raise ValueError("--search_layout needs --hardware (tpu_v3, tpu_v4, tpu_v5e, a100, h100)")
     devices = f.devices or dry_run.devices_needed(f.config, None)   # default: the config mesh's

@@ -1,9 +1,9 @@
 """python -m switchzoo.layout: the layout inspector (switchzoo/inspector.py); with ``search``
-first, the layout search (switchzoo/layout/search.py)."""
+first, the layout search (switchzoo/planner/search.py)."""
 import sys
 
 if sys.argv[1:2] == ["search"]:
-    from switchzoo.layout import command
+    from switchzoo.planner import command
     sys.exit(command.main())
 
 from switchzoo import inspector

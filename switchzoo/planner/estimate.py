@@ -2,7 +2,7 @@
 matmul FLOPs (each stack at its own length: an encoder-decoder's encoder reads the inputs, its
 decoder the targets; Switch layers by the capacity slots they fill, whatever top_k is) and the
 collectives the layout implies, priced by the same cost model as a compiled program
-(switchzoo/layout/hardware.py), each group placed on hosts and chips by its mesh axes and the
+(switchzoo/planner/hardware.py), each group placed on hosts and chips by its mesh axes and the
 mesh order. It orders the candidates to compile and feeds the advice; the compiled program
 decides the ranking.
 
@@ -25,8 +25,9 @@ import dataclasses
 import functools
 import math
 
-from switchzoo.layout import experts_cut, hardware, hlo
-from switchzoo.layout.candidates import DIMS, HOME, Candidate, Sizes, microbatches_for
+from switchzoo.layout import experts_cut
+from switchzoo.planner import hardware, hlo
+from switchzoo.planner.candidates import DIMS, HOME, Candidate, Sizes, microbatches_for
 
 SPLIT = DIMS + ("layers",)      # the dims a candidate may split a parameter on
 

@@ -1,6 +1,6 @@
 """The layout search's candidates: meshes (ordered factorisations of N over the axes) and
 layouts (each of batch, experts, heads, d_ff, vocab on an axis, several, or none), enumerated
-with the pruning that needs no model but its sizes (switchzoo/layout/search.py).
+with the pruning that needs no model but its sizes (switchzoo/planner/search.py).
 
 A mesh axis named ``stage`` (``--axes stage,data,model,expert``) is a pipeline's
 (switchzoo/pipeline.py): where it is larger than 1 the candidate's layout gets ``layers:stage``

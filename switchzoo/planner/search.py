@@ -15,18 +15,18 @@ under a stated cost model.
    over one axis (batch with heads / d_ff / vocab; experts with d_ff); a mesh axis that nothing
    splits (its devices repeat the work of the others: dominated); a state (parameters,
    gradients, optimizer state per device from the shardings) over the budget.
-3. Estimate the rest (switchzoo/layout/estimate.py: activations under the remat policy; matmul
+3. Estimate the rest (switchzoo/planner/estimate.py: activations under the remat policy; matmul
    FLOPs with each stack at its own length and the experts' capacity slots; the collectives the
    layout implies, priced like a compiled program's, hosts included) and compile the ``--top``
    most promising with the run's real train step from abstract state
    (switchzoo.dry_run.compile_step; nothing is allocated). Each compile is cached on disk.
-4. Rank what compiled by the cost model of switchzoo/layout/hardware.py over the compiled
-   program (switchzoo/layout/hlo.py: matmul FLOPs and every collective with its bytes and mesh
+4. Rank what compiled by the cost model of switchzoo/planner/hardware.py over the compiled
+   program (switchzoo/planner/hlo.py: matmul FLOPs and every collective with its bytes and mesh
    axes) and XLA's per-device peak memory; print the table and the winner as flags.
 
 Numbers are XLA:CPU's for the per-device program on simulated devices (the dry run's):
 fusion and so temporaries differ on TPU/GPU; the step time is an estimate, not a measurement.
-When nothing fits, switchzoo/layout/advice.py says what would, in the command's own flags.
+When nothing fits, switchzoo/planner/advice.py says what would, in the command's own flags.
 """
 from __future__ import annotations
 
@@ -39,11 +39,12 @@ import time
 
 from switchzoo import atomic
 from switchzoo import cache as cache_lib
-from switchzoo.layout import DEFAULT_AXES, NAME, LayoutError, advice, hardware, hlo
-from switchzoo.layout.candidates import (  # noqa: F401  (the search's vocabulary)
+from switchzoo.layout import DEFAULT_AXES, NAME, LayoutError
+from switchzoo.planner import advice, hardware, hlo
+from switchzoo.planner.candidates import (  # noqa: F401  (the search's vocabulary)
     DIMS, HOME, MODEL_DIMS, STAGE, Candidate, Sizes, enumerate_candidates, factorisations,
     microbatches_for)
-from switchzoo.layout.estimate import analytic_model
+from switchzoo.planner.estimate import analytic_model
 
 GIB = 2 ** 30
 

@@ -2,7 +2,7 @@
 
 Each change is written in the flags of the command that asked (``python -m switchzoo.layout
 search`` or ``train.py --search_layout``), and is offered only where the search's own estimate
-(switchzoo/layout/estimate.py) puts it under the budget: the compiled peak moved by the
+(switchzoo/planner/estimate.py) puts it under the budget: the compiled peak moved by the
 estimate's change in state and activations, or before compiling, the state (the bound pruning
 uses). More micro-batches, full remat, bfloat16 activations and more devices are the changes it
 weighs, one at a time.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from switchzoo.layout.candidates import DIMS, Candidate
-from switchzoo.layout.estimate import Model
+from switchzoo.planner.candidates import DIMS, Candidate
+from switchzoo.planner.estimate import Model
 
 GIB = 2 ** 30
 MAX_DEVICES = 64            # devices advice: up to this many times the devices asked for

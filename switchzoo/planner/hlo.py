@@ -3,7 +3,7 @@ group size and the mesh axes its replica groups span, and the matmul FLOPs, each
 how often it runs (a while loop's body runs its known trip count: a scanned stack of layers is
 one loop, and XLA's own ``cost_analysis()`` counts a loop body once).
 
-Conventions (the textbook costs in switchzoo/layout/hardware.py read these):
+Conventions (the textbook costs in switchzoo/planner/hardware.py read these):
   * all-reduce, all-to-all, collective-permute: ``bytes`` is the per-device buffer (the result);
   * all-gather: ``bytes`` is the gathered result; reduce-scatter: the full input (result x n).
   * Replica groups hold partition ids: positions in the mesh's device array, row-major, so a

@@ -7,7 +7,7 @@ interconnect's bandwidth (ICI / NVLink) and the network's between hosts, whether
 interconnect spans hosts (a TPU slice) and its topology. Each number names its public source.
 
 The cost model (overlap ignored: the step time is the sum, an estimate):
-  compute        = matmul FLOPs per device (switchzoo/layout/hlo.py) / peak_flops
+  compute        = matmul FLOPs per device (switchzoo/planner/hlo.py) / peak_flops
   all-reduce     = 2 (n-1)/n x bytes / bw            (ring; bytes: the buffer)
   all-gather     = (n-1)/n x bytes / bw              (bytes: the gathered result)
   reduce-scatter = (n-1)/n x bytes / bw              (bytes: the full input)
@@ -35,7 +35,7 @@ import tomllib
 import numpy as np
 
 from switchzoo import registry
-from switchzoo.layout import hlo
+from switchzoo.planner import hlo
 
 PACKAGE = "switchzoo.layouts"
 FOLDER = "hardware"

@@ -1,5 +1,5 @@
 """``python -m switchzoo.layout search`` and ``train.py --search_layout``: the layout search's
-command line (switchzoo/layout/search.py does the work)."""
+command line (switchzoo/planner/search.py does the work)."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,9 @@ import math
 import pathlib
 import sys
 
-from switchzoo.layout import DEFAULT_AXES, NAME, LayoutError, advice, hardware
-from switchzoo.layout import search as search_lib
+from switchzoo.layout import DEFAULT_AXES, NAME, LayoutError
+from switchzoo.planner import advice, hardware
+from switchzoo.planner import search as search_lib
 
 GIB = search_lib.GIB
 
