@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: demo test figures bench bench-quick
+.PHONY: demo test docs figures bench bench-quick
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ demo: $(VENV)/.installed      ## trains a small Switch translator on CPU, then B
 
 test: $(VENV)/.installed-test ## the test suite, on 8 simulated CPU devices
 	$(DEVICES) $(PY) -m pytest -q -n 3 --dist worksteal --durations=10 tests
+
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.installed-docs ## the documentation site -> out/site (strict: a broken link fails)
+	$(PY) -m switchzoo.config_reference > docs/config.md
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The committed figures in docs/figures change only when asked: make figures FIGURES=docs/figures
 FIGURES ?= out/figures

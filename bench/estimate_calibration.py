@@ -31,7 +31,7 @@ def rows_of(path: pathlib.Path) -> tuple[list[dict], str | None]:
 
     from switchzoo import state as state_lib, zoo
     from switchzoo.planner import command, search
-    from switchzoo.planner.estimate import analytic_model
+    from switchzoo.planner.from_config import analytic_model
     result = json.loads(path.read_text())
     rows = [r for r in result.get("rows", []) if r.get("peak_bytes")]
     if not rows:

@@ -31,7 +31,6 @@ from typing import Callable, Sequence
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from common import machine  # noqa: E402

@@ -25,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from switchzoo import inspector, layout as layout_lib, machine, validate, weights
+from switchzoo import inspector, layout as layout_lib, machine, simulated, validate, weights
 from switchzoo import state as state_lib
 from switchzoo.data import span_corruption, tokenizer as tokenizer_lib
 from switchzoo.attention_impl import attention_impl
@@ -58,9 +58,9 @@ def devices_needed(config, devices: int | None) -> int:
 def ensure_devices(n: int, argv: list[str]) -> int | None:
     """None when this process has ``n`` devices; else the exit code of a fresh process that
     runs ``argv`` on ``n`` simulated CPU devices."""
-    if inspector.use_cpu_devices(n):
+    if simulated.use_cpu_devices(n):
         return None
-    return inspector.rerun_on_devices([sys.executable, *argv], n)
+    return simulated.rerun_on_devices([sys.executable, *argv], n)
 
 
 def vocab_size(config) -> int:

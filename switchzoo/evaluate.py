@@ -45,6 +45,12 @@ def load_config(workdir: pathlib.Path,
     defaults = base.get_base()              # what the run did not read (older runs kept some)
     config.update_from_flattened_dict({f: validate.get(defaults, f)
                                        for f in validate.unread(config)})
+    return apply_overrides(config, overrides)
+
+
+def apply_overrides(config, overrides: dict | None) -> ml_collections.ConfigDict:
+    """``config`` with ``overrides`` ({dotted field: text}) set, each a field of
+    EVAL_OVERRIDES (else a ValueError: it defines what was trained), typed as the field is."""
     for key, text in (overrides or {}).items():
         if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in EVAL_OVERRIDES):
             allowed = ", ".join(k + "*" if k.endswith(".") else k for k in EVAL_OVERRIDES)

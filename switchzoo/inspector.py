@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
@@ -24,7 +23,7 @@ from switchzoo import layout as layout_lib
 from switchzoo import moe as moe_lib
 from switchzoo import pipeline
 from switchzoo import state as state_lib
-from switchzoo import steps, zoo
+from switchzoo import simulated, steps, zoo
 from switchzoo.config import ATTENTION, REMAT
 from switchzoo.attention_impl import attention_impl
 
@@ -78,7 +77,6 @@ def memory_stats(compiled) -> dict[str, int]:
 # layout assignment, then passed 15 GiB within a minute of the fusion pass. The inspector
 # compiles to inspect, never runs the step, so on CPU it leaves the array form alone.
 _CPU_NO_DECOMPOSER = "all_to_all_decomposer"
-_RERUN = "_SWITCHZOO_DEVICES_RERUN"      # set in a process started on simulated devices
 
 
 def cpu_inspect_options() -> dict:
@@ -328,8 +326,8 @@ def main(argv=None) -> int:
             print(f"error: --devices {args.devices}: give a positive number of devices",
                   file=sys.stderr)
             return 2
-        if not use_cpu_devices(args.devices):
-            return rerun_on_devices([sys.executable, "-m", "switchzoo.layout",
+        if not simulated.use_cpu_devices(args.devices):
+            return simulated.rerun_on_devices([sys.executable, "-m", "switchzoo.layout",
                                      *(sys.argv[1:] if argv is None else argv)], args.devices)
     try:
         if bool(args.figure) != bool(args.tensor):
@@ -348,35 +346,6 @@ def main(argv=None) -> int:
         return 2
     print(json.dumps(report) if args.json else format_table(report))
     return 0
-
-
-def use_cpu_devices(n: int) -> bool:
-    """Makes JAX run on ``n`` simulated CPU devices; False if that is too late in this process.
-
-    Importing jax does not start a backend: it starts on first use (``jax.devices()``, the first
-    array), and ``jax_num_cpu_devices`` can be set until then. Once a backend is running (as in
-    a test session or a notebook) it cannot change; True if it already has ``n`` devices."""
-    try:
-        jax.config.update("jax_num_cpu_devices", n)
-    except RuntimeError:              # "should be updated before backends are initialized"
-        return jax.device_count() == n
-    jax.config.update("jax_platforms", "cpu")
-    return True
-
-
-def rerun_on_devices(command: list[str], n: int) -> int:
-    """Runs ``command`` (this program again) in a fresh process that starts JAX on ``n``
-    simulated CPU devices; its exit code (2, with a message, if even that process lacks them)."""
-    if os.environ.get(_RERUN) == str(n):
-        print(f"error: JAX did not start with {n} devices (it has {jax.device_count()})",
-              file=sys.stderr)
-        return 2
-    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
-                   os.environ.get("XLA_FLAGS", ""))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", **{_RERUN: str(n)},
-               XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip())
-    sys.stdout.flush()
-    return subprocess.run(command, env=env).returncode
 
 
 def _preset_mesh(layout: str) -> str:

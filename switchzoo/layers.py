@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
@@ -310,3 +311,37 @@ class Mlp(nnx.Module):
                     hidden=lambda h: constrain(h, ("batch", "length", "d_ff")),
                     dropout_fn=lambda h: dropout(h, self.rate, rng))
         return constrain(y_BLD, ("batch", "length", "d_model"))
+
+
+def input_defaults(ids_BL, positions_BL, segments_BL):
+    """Positions 0, 1, ... and one segment per row where none are given; given positions must
+    be consecutive within each segment (as packing gives them), since the relative-position
+    bias and the causal mask read token order: checked wherever they are concrete (under jit,
+    the caller's promise)."""
+    B, L = ids_BL.shape
+    if segments_BL is None:
+        segments_BL = jnp.ones((B, L), jnp.int32)
+    if positions_BL is None:
+        positions_BL = jnp.broadcast_to(jnp.arange(L), (B, L))
+    elif not isinstance(positions_BL, jax.core.Tracer) and not isinstance(segments_BL,
+                                                                          jax.core.Tracer):
+        check_positions(np.asarray(positions_BL), np.asarray(segments_BL))
+    return positions_BL, segments_BL
+
+
+def check_positions(positions_BL: np.ndarray, segments_BL: np.ndarray) -> None:
+    """A ValueError naming the first token whose position is not its segment's first position
+    plus its distance from that token (padding, segment 0, is not checked)."""
+    offset_BL = positions_BL - np.arange(positions_BL.shape[1])
+    for b in range(positions_BL.shape[0]):
+        for segment in np.unique(segments_BL[b][segments_BL[b] != 0]):
+            where = np.flatnonzero(segments_BL[b] == segment)
+            bad = np.flatnonzero(offset_BL[b, where] != offset_BL[b, where[0]])
+            if bad.size:
+                t = int(where[bad[0]])
+                raise ValueError(
+                    f"positions are not consecutive within segment {segment} of row {b}: token "
+                    f"{t} has position {positions_BL[b, t]}, not "
+                    f"{positions_BL[b, where[0]] + t - where[0]}; the relative-position bias "
+                    "reads token order, so give each packed segment positions n, n+1, ... "
+                    "(or none: 0, 1, ... per row)")

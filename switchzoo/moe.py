@@ -16,10 +16,11 @@ from switchzoo import dropless
 from switchzoo.config import MoeConfig
 from switchzoo.layers import Init, Mlp, dropout, ffn_params, ffn_weights, mlp, split
 from switchzoo.layout import LayoutError, active, constrain
-from switchzoo.routing import Router, choose, experts_choose_route, route
+from switchzoo.routing import (Balance, Router, choose, experts_choose_route, pooled_aux_loss,
+                               route)
 
 # The stats under which each Switch layer returns routing.Balance's fields (loss_reduction
-# "pooled"); the model's loss reduction (transformer._stack) takes them out of the metrics.
+# "pooled"); the model's loss reduction (transformer: moe.combine_losses) takes them out of the metrics.
 BALANCE_STATS = ("balance_tokens", "balance_chosen", "balance_prob")
 
 
@@ -187,7 +188,7 @@ class SwitchFFN(nnx.Module):
     def _balance(self, balance) -> dict:
         """eq. 4's sums (routing.Balance) as stats, for the stack to pool over its layers
         (BALANCE_STATS): the "pooled" loss reduction reads them, and a pipeline recomputes
-        eq. 4 from them over its micro-batches; transformer._stack drops them otherwise."""
+        eq. 4 from them over its micro-batches; moe.combine_losses drops them otherwise."""
         return dict(zip(BALANCE_STATS, balance))
 
     def _dropless_runs(self, x_shape) -> bool:
@@ -210,3 +211,28 @@ class SwitchFFN(nnx.Module):
                  "dropped_fraction": jnp.zeros((), jnp.float32), **c.metrics,
                  **self._balance(c.balance)}
         return y_BLD, stats
+
+
+def combine_losses(stacks: list[list[dict]], reduction: str = "sum") -> dict:
+    """Combines the routing losses of the Switch layers of the model's ``stacks`` (each a
+    Stack's stats) by ``reduction`` (MoeConfig.loss_reduction): over every layer of both stacks
+    their sum (Mesh-TensorFlow) or their mean (T5X); or "pooled", transformers'
+    SwitchTransformersForConditionalGeneration: per stack one Switch eq. 4 over its layers
+    pooled (routing.pooled_aux_loss) and its layers' mean z-loss, the stacks' terms added.
+    Joins the metrics along the leading layer axis."""
+    joined = [{k: jnp.concatenate([s[k] for s in stack]) for k in stack[0]}
+              for stack in stacks if stack]
+    if not joined:
+        zero = jnp.zeros((), jnp.float32)
+        return {"aux_loss": zero, "z_loss": zero}
+    balance = [Balance(*(s.pop(k) for k in BALANCE_STATS)) for s in joined]  # eq. 4's sums
+    if reduction == "pooled":
+        aux = sum(pooled_aux_loss(b) for b in balance)
+        z = sum(jnp.mean(s["z_loss"]) for s in joined)
+    out = {k: jnp.concatenate([s[k] for s in joined]) for k in joined[0]}
+    if reduction == "pooled":
+        out["aux_loss"], out["z_loss"] = aux, z
+    else:
+        for k in ("aux_loss", "z_loss"):
+            out[k] = jnp.sum(out[k]) if reduction == "sum" else jnp.mean(out[k])
+    return out

@@ -234,8 +234,18 @@ def make_layout(layout: str | None = "data_parallel", mesh=None,
 # ---------------------------------------------------------------------------- run configs
 
 def run_layout(config) -> layout_lib.Layout:
-    """The mesh and layout a run config asks for (errors before anything is written)."""
-    return make_layout(config.layout, config.mesh or None)
+    """The mesh and layout a run config asks for (errors before anything is written). A mesh
+    this machine's devices cannot hold (a paper config's pod mesh) says how to run it here."""
+    try:
+        return make_layout(config.layout, config.mesh or None)
+    except layout_lib.LayoutError as e:
+        too_few = "devices" in str(e) and ("available" in str(e) or "divide" in str(e))
+        if not too_few:
+            raise
+        raise layout_lib.LayoutError(
+            f"{e}; on this machine, `train.py ... --dry_run` compiles the step for that mesh "
+            "on simulated devices, and --config.mesh=data:-1,model:1,expert:1 trains on the "
+            f"{jax.device_count()} device(s) it has") from None
 
 
 def check_accumulation(config) -> None:

@@ -11,7 +11,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from switchzoo import config as config_lib
@@ -22,8 +21,8 @@ from switchzoo.attention_impl import attention_impl
 from switchzoo.layers import (MINIMAL_SAVED, Attention, Embed, Init, Mlp, RelativePositionBias,
                               RMSNorm, dropout, split)
 from switchzoo.layout import active, constrain
-from switchzoo.moe import BALANCE_STATS, SwitchFFN
-from switchzoo.routing import Balance, pooled_aux_loss
+from switchzoo import layers, moe
+from switchzoo.moe import SwitchFFN
 from switchzoo.scanned import (layers_as, scan_period,  # noqa: F401 (re-exported)
                                stack_layers, unstack_layers)
 
@@ -155,7 +154,7 @@ class Stack(nnx.Module):
             # Training and evaluation: one bias [1, H, T, S] for all rows, from index positions
             # (so its gradient sums over the batch before the gather's scatter-add). It equals
             # the per-row bias of positions_BT wherever the mask lets a query see a key:
-            # positions are consecutive within each segment (as packing and _defaults give
+            # positions are consecutive within each segment (as packing and layers.input_defaults give
             # them), so key_pos - query_pos is the index difference there, and across segments
             # and padding the mask removes the entry. Decoding keeps the per-row form. The cost:
             # with the batch split over devices, that sum is an all-reduce of [H, T, S] per
@@ -278,40 +277,6 @@ class Stack(nnx.Module):
         return {"valid": jnp.zeros((batch, max_length), bool), "layers": layers}
 
 
-def _defaults(ids_BL, positions_BL, segments_BL):
-    """Positions 0, 1, ... and one segment per row where none are given; given positions must
-    be consecutive within each segment (as packing gives them), since the relative-position
-    bias and the causal mask read token order: checked wherever they are concrete (under jit,
-    the caller's promise)."""
-    B, L = ids_BL.shape
-    if segments_BL is None:
-        segments_BL = jnp.ones((B, L), jnp.int32)
-    if positions_BL is None:
-        positions_BL = jnp.broadcast_to(jnp.arange(L), (B, L))
-    elif not isinstance(positions_BL, jax.core.Tracer) and not isinstance(segments_BL,
-                                                                          jax.core.Tracer):
-        check_positions(np.asarray(positions_BL), np.asarray(segments_BL))
-    return positions_BL, segments_BL
-
-
-def check_positions(positions_BL: np.ndarray, segments_BL: np.ndarray) -> None:
-    """A ValueError naming the first token whose position is not its segment's first position
-    plus its distance from that token (padding, segment 0, is not checked)."""
-    offset_BL = positions_BL - np.arange(positions_BL.shape[1])
-    for b in range(positions_BL.shape[0]):
-        for segment in np.unique(segments_BL[b][segments_BL[b] != 0]):
-            where = np.flatnonzero(segments_BL[b] == segment)
-            bad = np.flatnonzero(offset_BL[b, where] != offset_BL[b, where[0]])
-            if bad.size:
-                t = int(where[bad[0]])
-                raise ValueError(
-                    f"positions are not consecutive within segment {segment} of row {b}: token "
-                    f"{t} has position {positions_BL[b, t]}, not "
-                    f"{positions_BL[b, where[0]] + t - where[0]}; the relative-position bias "
-                    "reads token order, so give each packed segment positions n, n+1, ... "
-                    "(or none: 0, 1, ... per row)")
-
-
 class _Head(nnx.Module):
     """Shared embedding and output layer: tied (scaled by d_model**-0.5) or a separate matrix."""
 
@@ -362,14 +327,14 @@ class DecoderLM(_Head):
 
     def __call__(self, ids_BL, *, positions_BL=None, segments_BL=None, rng=None,
                  return_hidden=False):
-        """Returns float32 logits [B, L, V] and the Switch losses/metrics (see ``_stack``).
+        """Returns float32 logits [B, L, V] and the Switch losses/metrics (see ``moe.combine_losses``).
         ``rng`` None means evaluation (no dropout or jitter, the eval capacity factor).
         ``return_hidden``: the final hidden states x_BLD in place of the logits (head_inputs)."""
-        positions_BL, segments_BL = _defaults(ids_BL, positions_BL, segments_BL)
+        positions_BL, segments_BL = layers.input_defaults(ids_BL, positions_BL, segments_BL)
         x_BLD = self.embed(ids_BL, jnp.dtype(self.cfg.dtype))
         x_BLD, stats, _ = self.decoder(x_BLD, positions_BL, segments_BL, rng=rng)
         return (x_BLD if return_hidden else self._logits(x_BLD),
-                _stack([stats], _reduction(self.cfg)))
+                moe.combine_losses([stats], _reduction(self.cfg)))
 
     def init_cache(self, batch: int, max_length: int) -> dict:
         return self.decoder.init_cache(batch, max_length)
@@ -386,7 +351,7 @@ class EncoderDecoder(_Head):
 
     def encode(self, src_BS, *, positions_BS=None, segments_BS=None, rng=None):
         """Encoder output [B, S, D] and the encoder's Switch stats."""
-        positions_BS, segments_BS = _defaults(src_BS, positions_BS, segments_BS)
+        positions_BS, segments_BS = layers.input_defaults(src_BS, positions_BS, segments_BS)
         x_BSD = self.embed(src_BS, jnp.dtype(self.cfg.dtype))
         x_BSD, stats, _ = self.encoder(x_BSD, positions_BS, segments_BS, rng=rng)
         return x_BSD, stats
@@ -397,43 +362,18 @@ class EncoderDecoder(_Head):
         logits [B, T, V] (``return_hidden``: the decoder's final hidden states [B, T, D]) and
         the Switch losses/metrics of both stacks."""
         r_enc, r_dec = split(rng, 2)
-        src_positions, src_segments = _defaults(src_BS, src_positions, src_segments)
-        tgt_positions, tgt_segments = _defaults(tgt_BT, tgt_positions, tgt_segments)
+        src_positions, src_segments = layers.input_defaults(src_BS, src_positions, src_segments)
+        tgt_positions, tgt_segments = layers.input_defaults(tgt_BT, tgt_positions, tgt_segments)
         enc_BSD, enc_stats = self.encode(src_BS, positions_BS=src_positions,
                                          segments_BS=src_segments, rng=r_enc)
         y_BTD = self.embed(tgt_BT, jnp.dtype(self.cfg.dtype))
         y_BTD, dec_stats, _ = self.decoder(y_BTD, tgt_positions, tgt_segments, enc_BSD,
                                            src_segments, rng=r_dec)
         return (y_BTD if return_hidden else self._logits(y_BTD),
-                _stack([enc_stats, dec_stats], _reduction(self.cfg)))
+                moe.combine_losses([enc_stats, dec_stats], _reduction(self.cfg)))
 
     def init_cache(self, batch: int, max_length: int, enc_BSD) -> dict:
         return self.decoder.init_cache(batch, max_length, enc_BSD)
-
-
-def _stack(stacks: list[list[dict]], reduction: str = "sum") -> dict:
-    """Combines the routing losses of the Switch layers of the model's ``stacks`` (each a
-    Stack's stats) by ``reduction`` (MoeConfig.loss_reduction): over every layer of both stacks
-    their sum (Mesh-TensorFlow) or their mean (T5X); or "pooled", transformers'
-    SwitchTransformersForConditionalGeneration: per stack one Switch eq. 4 over its layers
-    pooled (routing.pooled_aux_loss) and its layers' mean z-loss, the stacks' terms added.
-    Joins the metrics along the leading layer axis."""
-    joined = [{k: jnp.concatenate([s[k] for s in stack]) for k in stack[0]}
-              for stack in stacks if stack]
-    if not joined:
-        zero = jnp.zeros((), jnp.float32)
-        return {"aux_loss": zero, "z_loss": zero}
-    balance = [Balance(*(s.pop(k) for k in BALANCE_STATS)) for s in joined]  # eq. 4's sums
-    if reduction == "pooled":
-        aux = sum(pooled_aux_loss(b) for b in balance)
-        z = sum(jnp.mean(s["z_loss"]) for s in joined)
-    out = {k: jnp.concatenate([s[k] for s in joined]) for k in joined[0]}
-    if reduction == "pooled":
-        out["aux_loss"], out["z_loss"] = aux, z
-    else:
-        for k in ("aux_loss", "z_loss"):
-            out[k] = jnp.sum(out[k]) if reduction == "sum" else jnp.mean(out[k])
-    return out
 
 
 def _reduction(cfg: ModelConfig) -> str:

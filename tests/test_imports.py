@@ -191,3 +191,13 @@ def test_an_upward_import_inside_a_function_breaks_the_floors(tmp_path):
     out = lint_imports(tmp_path)
     assert out.returncode == 1 and "0 kept, 1 broken" in out.stdout, out.stdout[-3000:]
     assert "switchzoo.state -> switchzoo.loop" in out.stdout
+
+
+def test_no_file_is_over_400_lines():
+    """Small files with one job: the library, the commands, the tests, bench/ and
+    experiments/."""
+    files = [*ROOT.rglob("*.py"), *(REPO / d for d in ("train.py", "eval.py")),
+             *(p for d in ("tests", "bench", "experiments") for p in (REPO / d).rglob("*.py"))]
+    long = {str(p.relative_to(REPO)): n for p in files
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long

@@ -17,7 +17,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from switchzoo import zoo
 from switchzoo.layout import LayoutError
-from switchzoo.planner import advice, command, estimate, hardware, hlo, search
+from switchzoo.planner import advice, command, estimate, from_config, hardware, hlo, search
 
 SHAPE = {"data": 2, "model": 2, "expert": 2}
 
@@ -118,7 +118,7 @@ def _tiny(name="switch_base_tiny", lengths=(32, 8), batch=1, **moe):
     cfg = zoo.get(name)
     if moe:
         cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, **moe))
-    weights, _ = estimate.weights_of(cfg)
+    weights, _ = from_config.weights_of(cfg)
     return estimate.Model(cfg, weights, estimate.stacks_of(cfg, lengths, batch), 1.0, False,
                           batch, 4, "none")
 
@@ -224,7 +224,7 @@ def small(tmp_path_factory):
 def _model(args):
     from switchzoo import state as state_lib
     config = command.config_from_args(args)
-    return estimate.analytic_model(config, search.run_model(config),
+    return from_config.analytic_model(config, search.run_model(config),
                                    state_lib.run_optimizer(config), args.devices)
 
 

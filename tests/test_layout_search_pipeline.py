@@ -11,7 +11,7 @@ import pytest
 
 from switchzoo import zoo
 from switchzoo.layout import LayoutError
-from switchzoo.planner import advice, command, estimate, hardware, search
+from switchzoo.planner import advice, command, estimate, from_config, hardware, search
 
 AXES = ("stage", "data", "model", "expert")
 
@@ -58,7 +58,7 @@ def test_enumeration_pipelines_only_over_the_stage_axis():
 def _model(name="switch_tiny", layers=8, batch=64, length=32, remat="none", **kw):
     """The estimate's view of a scanned catalogue model (``layers`` per stack)."""
     cfg = zoo.get(name).replace(scan_layers=True, num_layers=layers, remat=remat)
-    weights, _ = estimate.weights_of(cfg)
+    weights, _ = from_config.weights_of(cfg)
     return estimate.Model(cfg, weights, estimate.stacks_of(cfg, (length,), batch), 1.0, False,
                           batch, 4, remat, groups=(layers // 2,), **kw)
 
@@ -134,7 +134,7 @@ def _search_model(argv):
     from switchzoo import state as state_lib
     args = command.parser().parse_args(argv)
     config = command.config_from_args(args)
-    return estimate.analytic_model(config, search.run_model(config),
+    return from_config.analytic_model(config, search.run_model(config),
                                    state_lib.run_optimizer(config), args.devices)
 
 

@@ -16,7 +16,8 @@ import pathlib
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from switchzoo import evaluate, predict, tables
+from switchzoo import evaluate, predict, tables, validate
+from switchzoo.configs import base
 from switchzoo.commands import cli
 
 config_flags.DEFINE_config_file("config", None, "Run config, when the workdir has none; without "
@@ -34,6 +35,8 @@ flags.DEFINE_string("predictions", "-", "With --predict: the file the outputs go
                     "stdout).")
 flags.DEFINE_string("table", "", "Collect --runs into this paper table (see switchzoo.tables).")
 flags.DEFINE_list("runs", [], "Run directories for --table.")
+flags.DEFINE_bool("check", False, "Check the flags, the table or the run's config with the "
+                  "overrides as the command would, then stop: nothing is evaluated or written.")
 flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 cli.define_distributed_flags()
 OVERRIDES = {}     # --config.FIELD=value given without --config=FILE: of the saved config
@@ -49,6 +52,10 @@ def run_eval():
     FLAGS = flags.FLAGS
     if FLAGS.table:
         cli.refuse_distributed_flags("--table reads results.json files and")
+        if FLAGS.check:
+            tables.get(FLAGS.table)
+            print(f"check: table {FLAGS.table} exists (nothing was read or written)")
+            return
         print(tables.collect(FLAGS.table, FLAGS.runs))
         return
     if not FLAGS.workdir:
@@ -56,15 +63,35 @@ def run_eval():
     if FLAGS["predictions"].present and not FLAGS.predict:
         raise ValueError("--predictions is read only with --predict=FILE; add it or drop "
                          "--predictions")
+    if FLAGS.predict and FLAGS.output:
+        raise ValueError("--output is for results.json; with --predict give --predictions=FILE")
+    if FLAGS.check:
+        _check(pathlib.Path(FLAGS.workdir))
+        return
     config = FLAGS.config or evaluate.load_config(pathlib.Path(FLAGS.workdir), OVERRIDES)
     cli.initialize_distributed()        # every process evaluates its share of the eval set
     if FLAGS.predict:
-        if FLAGS.output:
-            raise ValueError("--output is for results.json; with --predict give "
-                             "--predictions=FILE")
         predict.run(config, FLAGS.workdir, FLAGS.predict, FLAGS.predictions, FLAGS.checkpoint)
         return
     evaluate.run(config, FLAGS.workdir, FLAGS.checkpoint, output=FLAGS.output)
+
+
+def _check(workdir: pathlib.Path) -> None:
+    """--check: the run's saved config (or --config) with the overrides, checked as evaluation
+    checks them; a workdir with no run yet checks the overrides against the defaults."""
+    FLAGS = flags.FLAGS
+    if FLAGS.config:
+        config, source = FLAGS.config, "--config"
+    elif (workdir / "config.json").is_file():
+        config, source = evaluate.load_config(workdir, OVERRIDES), f"{workdir}/config.json"
+    else:                       # no run yet: the overrides' names and types, as eval.py takes them
+        evaluate.apply_overrides(base.get_base(), OVERRIDES)
+        print(f"check: the overrides are fields eval.py may set (no run in {workdir} yet to "
+              "check them against; nothing was evaluated or written)")
+        return
+    validate.check(config, evaluating=True)
+    print(f"check: the flags and the overrides hold on {source} (nothing was evaluated or "
+          "written)")
 
 
 def parse_flags(argv):

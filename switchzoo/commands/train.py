@@ -11,12 +11,16 @@ The entry points (the script and the installed command) call switchzoo.commands.
 which first re-runs the process with glibc's huge-page tunable (entry.huge_pages_env);
 ``python -m`` on this module skips that.
 """
+import math
+import re
 import sys
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from switchzoo import dry_run, loop, registry
+from switchzoo import dry_run, loop, registry, validate, zoo
+from switchzoo import layout as layout_lib
 from switchzoo.commands import cli
 
 config_flags.DEFINE_config_file("config", registry.config_path("configs/demo.py"),
@@ -40,6 +44,9 @@ flags.DEFINE_string("write_layout", None, "--search_layout: save the winner as l
 flags.DEFINE_bool("lock", True, "Hold the workdir's lock file while the run writes it (flock). "
                   "--nolock: on a filesystem without file locks (some NFS, Lustre and FUSE "
                   "mounts), at your own risk: run one train.py per workdir yourself.")
+flags.DEFINE_bool("check", False, "Check the flags and the config (settings, model, layout "
+                  "and mesh) as the command would, then stop: nothing is run, compiled or "
+                  "written.")
 flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 cli.define_distributed_flags()
 
@@ -59,19 +66,46 @@ def main(argv):
             cli.bad_flag("--search_layout runs nothing and writes no workdir: drop "
                          f"{'--dry_run' if f.dry_run else '--workdir'}")
         cli.refuse_distributed_flags("--search_layout compiles on simulated devices and")
-        cli.run(lambda: _search_layout(f))
+        cli.run(lambda: _check(f) if f.check else _search_layout(f))
     elif f.dry_run:
         cli.refuse_distributed_flags("--dry_run compiles on simulated devices and")
-        cli.run(lambda: _dry_run(f))
+        cli.run(lambda: _check(f) if f.check else _dry_run(f))
     elif f.devices is not None:
         cli.bad_flag("--devices is read only with --dry_run; drop it (a run uses the devices "
                      "JAX has)")
     elif not f.workdir:
         cli.bad_flag("--workdir is required: the directory for checkpoints, metrics and "
                      "config.json (or --dry_run to only compile)")
+    elif f.check:
+        cli.run(lambda: _check(f))
     else:
         cli.run(lambda: (cli.initialize_distributed(),
                          loop.train(f.config, f.workdir, lock=f.lock)))
+
+
+def _check(f) -> None:
+    """--check: the refusals the command would give before it starts (flags, settings, model,
+    layout on the config's mesh shape, batch and accumulation), with nothing run or written.
+    The mesh is checked as a shape, whatever this machine has: an axis left open (-1) takes
+    --devices, else what this machine's devices give it (at least 1)."""
+    config = f.config
+    validate.check(config)
+    zoo.entry(config.model)
+    layout = config.layout or "data_parallel"
+    mesh = config.mesh or getattr(layout_lib.presets().get(layout), "mesh", "data:-1")
+    sizes = [int(n) for n in re.findall(r":\s*(-?\d+)", mesh)]
+    fixed = math.prod(n for n in sizes if n != -1)
+    devices = f.devices or (fixed * max(1, jax.device_count() // max(fixed, 1))
+                            if -1 in sizes else fixed)
+    spec = layout_lib.parse_mesh(mesh, devices)
+    layout_lib.parse_layout(layout_lib.layout_string(layout), tuple(spec.axes))
+    rows = config.per_device_batch_size * math.prod(spec.shape)
+    if config.grad_accum_steps < 1 or rows % config.grad_accum_steps:
+        raise ValueError(f"grad_accum_steps={config.grad_accum_steps} must be >= 1 and divide "
+                         f"the global batch of {rows} rows")
+    print(f"check: model {config.model}, task {config.task}, mesh {mesh} "
+          f"({math.prod(spec.shape)} devices), layout {layout}: the flags and the config hold "
+          "(nothing was run or written)")
 
 
 def _search_layout(f) -> None:

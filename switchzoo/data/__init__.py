@@ -42,16 +42,16 @@ def default_config() -> ml_collections.ConfigDict:
         tfds_name="",               # "": wmt14_translate/<xx>-en for translation (pair en-xx or
                                     # xx-en), lm1b for lm; or any prepared name
         tfds_data_dir="",           # "" = tfds default (~/tensorflow_datasets)
-        train_split="train",
+        train_split="train",        # tfds: the split trained on
         eval_split="",              # "": validation where the dataset has one, else test
         pair="en-de",               # source-target; the embedded LM corpus is the target side,
                                     # span corruption's the English side
         noise_density=0.15,         # span corruption: fraction of tokens cut (T5, Switch)
         mean_noise_span_length=3.0,  # span corruption: mean tokens per cut span
         vocab_path="",              # a SentencePiece .model; "" = train, cache workdir/tokenizer.model
-        vocab_size=8000,
+        vocab_size=8000,            # SentencePiece pieces trained (+100 span sentinels)
         spm_max_sentences=200_000,  # sentences the vocabulary is trained on, at most
-        max_eval_examples=1000,
+        max_eval_examples=1000,     # held-out examples evaluated (0: all)
         embedded_max_pairs=0,       # 0 = all
         locale_dir="/usr/share/locale",  # embedded: this machine's catalogues add pairs
         info_dir="/usr/share/info",  # embedded span corruption: GNU manuals add running text

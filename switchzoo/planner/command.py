@@ -61,7 +61,7 @@ def run_config(config, devices: int, profile: str, memory_gib: float | None, axe
     lacks them, and searches (the command line and train.py --search_layout share this;
     ``spelling``: whose flags the advice names, "search" for this command's; ``microbatches``
     and ``repeats``: a pipelined candidate's, None: the config's)."""
-    from switchzoo import inspector
+    from switchzoo import simulated
     if devices is None or devices < 1:
         raise LayoutError("--devices N: give the number of devices to lay the run out on")
     prof = hardware.get(profile)
@@ -81,8 +81,8 @@ def run_config(config, devices: int, profile: str, memory_gib: float | None, axe
                           "layers; drop --no-scan")
     for text in include:
         search_lib.parse_include(text, axes_t, devices)             # a bad one fails before compiling
-    if not inspector.use_cpu_devices(devices):
-        return inspector.rerun_on_devices([sys.executable, *argv], devices)
+    if not simulated.use_cpu_devices(devices):
+        return simulated.rerun_on_devices([sys.executable, *argv], devices)
     budget = (memory_gib * GIB) if memory_gib else prof.hbm_bytes
     result = search_lib.search(config, prof, budget, axes_t, fixed, top, cache,
                     print_fn=(lambda *_: None) if as_json else print, include=include,

@@ -44,7 +44,7 @@ from switchzoo.planner import advice, hardware, hlo
 from switchzoo.planner.candidates import (  # noqa: F401  (the search's vocabulary)
     DIMS, HOME, MODEL_DIMS, STAGE, Candidate, Sizes, enumerate_candidates, factorisations,
     microbatches_for)
-from switchzoo.planner.estimate import analytic_model
+from switchzoo.planner.from_config import analytic_model
 
 GIB = 2 ** 30
 

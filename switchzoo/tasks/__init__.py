@@ -37,7 +37,7 @@ def default_config():
         data_dir="",           # a "dir:" task's files ("": ~/switchzoo_data/<task>); tfds
                                # tasks read data.tfds_data_dir
         train_files="",        # files task: .tsv (header), .jsonl or .parquet, comma-separated
-        eval_files="",
+        eval_files="",         # files task: the held-out examples (same formats)
         inputs="",             # files task: the input template, columns in braces: "review: {text}"
         targets="",            # files task: the target template: "{label}"
         labels="",             # files task: the label set, comma-separated (an integer column
