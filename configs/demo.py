@@ -24,8 +24,8 @@ def get_config(arg: str | None = None):
     c.learning_rate = 3e-3
     c.schedule = "linear_rsqrt"           # AdamW wants a warm-up ramp (not the paper's recipe)
     # T5's init, not the Switch catalogue's 0.1: at this size and step count the paper's 0.1x
-    # costs quality (BLEU 12.89 against 23.50 here; docs/experiments.md measures the same on
-    # span corruption: the paper's Table 3 does not hold at this scale)
+    # costs quality (BLEU 12.89 against 23.50 here; docs/studies/paper-recipe.md measures the same
+    # on span corruption: the paper's Table 3 does not hold at this scale)
     c.init_scale, c.init_distribution = 1.0, "normal"
     c.warmup_steps = 200
     c.dropout = 0.0

@@ -207,7 +207,7 @@ FROZEN = [frozen(seed) for seed in (0, 1)]
 # per-expert bias on the choice, moved outside the gradient) keeps the loads even with no such
 # term: no-jitter Switch-8 at 0.04 so balanced, for the long pair's steps, each against dense
 # and Switch-8 at 0.04 of its seed; trained only when named (it ends level with Switch-8:
-# docs/experiments.md)
+# docs/studies/span-bias-balance.md)
 
 
 def bias_balanced(seed: int) -> Run:

@@ -118,7 +118,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 
 def markdown(result: dict) -> str:
-    """The results as the Markdown table docs/experiments.md shows."""
+    """The results as the Markdown table docs/studies/switch-vs-dense-span.md shows."""
     c = harness.COLUMNS
     return harness.markdown(result, [
         c["run"], c["model"], ("eval neg. log perp. @ last step (↑)", c["neg_log_perp"][1]),
