@@ -110,9 +110,9 @@ def resolve(impl: str, rows: int | None = None, d_in: int | None = None,
     the layer's shape (ragged_dot_cost; at trace time, cached), since a backend name does not
     say: XLA:CPU expands ragged_dot into a dense dot over every group. Where the count is below
     the real work, the analysis cannot see the grouped kernel (XLA:GPU, jax 0.11: 0.4-3% of
-    it), so auto times both paths at the layer's shape and takes the faster (path_seconds: on
-    one H200, ragged_dot took 9.4 ms at 8 experts and 70 ms at 64, blocks 13 and 18 ms).
-    Without a shape: ragged_dot on GPU and TPU, blocks elsewhere."""
+    it), so auto times both paths at the layer's shape and takes the faster (path_seconds;
+    process 0's choice on every process; why: docs/benchmarks.md's H200 figures). Without a
+    shape: ragged_dot on GPU and TPU, blocks elsewhere."""
     if impl != "auto":
         return impl
     ratio = None if rows is None else ragged_dot_cost(rows, d_in, d_out, experts, dtype)
