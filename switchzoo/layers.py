@@ -4,7 +4,6 @@ parameter carries ``dims`` metadata from switchzoo.dims; key activations are pin
 ``layout.constrain``. Shapes live in the suffixes (``x_BLD``)."""
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -83,42 +82,6 @@ class RMSNorm(nnx.Module):
         x = x_BLD.astype(jnp.float32)
         x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
         return (x * self.scale[...]).astype(x_BLD.dtype)
-
-
-def relpos_bucket(rel_BTS, bidirectional: bool, num_buckets: int, max_distance: int):
-    """T5's bucketing of key_pos - query_pos: exact for small offsets, log-spaced beyond."""
-    n = -rel_BTS
-    buckets = 0
-    if bidirectional:
-        num_buckets //= 2
-        buckets = (n < 0).astype(jnp.int32) * num_buckets
-        n = jnp.abs(n)
-    else:
-        n = jnp.maximum(n, 0)
-    exact = num_buckets // 2
-    is_small = n < exact
-    log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact) / math.log(max_distance / exact)
-    large = exact + (log_ratio * (num_buckets - exact)).astype(jnp.int32)
-    large = jnp.minimum(large, num_buckets - 1)
-    return buckets + jnp.where(is_small, n, large)
-
-
-class RelativePositionBias(nnx.Module):
-    """One learned scalar per (bucket, head), shared by all layers of a stack."""
-
-    def __init__(self, num_buckets: int, max_distance: int, heads: int, bidirectional: bool,
-                 rngs: nnx.Rngs):
-        self.embedding = param(rngs, 1.0, (num_buckets, heads), ("relpos_buckets", "heads"))
-        self.num_buckets, self.max_distance = num_buckets, max_distance
-        self.bidirectional = bidirectional
-
-    @jax.named_scope("relpos_bias")
-    def __call__(self, q_pos_BT, k_pos_BS):
-        rel_BTS = k_pos_BS[:, None, :] - q_pos_BT[:, :, None]
-        bucket_BTS = relpos_bucket(rel_BTS, self.bidirectional, self.num_buckets,
-                                   self.max_distance)
-        bias_BTSH = jnp.take(self.embedding[...], bucket_BTS, axis=0)
-        return jnp.transpose(bias_BTSH, (0, 3, 1, 2))     # [B, H, T, S]
 
 
 class Attention(nnx.Module):

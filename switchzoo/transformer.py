@@ -18,7 +18,8 @@ from switchzoo import dims as dims_lib
 from switchzoo import pipeline
 from switchzoo.config import ModelConfig
 from switchzoo.attention_impl import attention_impl
-from switchzoo.layers import (MINIMAL_SAVED, Attention, Embed, Init, Mlp, RelativePositionBias,
+from switchzoo.relpos import RelativePositionBias
+from switchzoo.layers import (MINIMAL_SAVED, Attention, Embed, Init, Mlp,
                               RMSNorm, dropout, split)
 from switchzoo.layout import active, constrain
 from switchzoo import layers, moe
@@ -151,16 +152,15 @@ class Stack(nnx.Module):
             mask_BTS, cross_mask_BTS, k_pos_BS, cache = self._masks(
                 x_BTD, positions_BT, segments_BT, enc_segments_BS, cache, index)
         if cache is None:
-            # Training and evaluation: one bias [1, H, T, S] for all rows, from index positions
-            # (so its gradient sums over the batch before the gather's scatter-add). It equals
-            # the per-row bias of positions_BT wherever the mask lets a query see a key:
-            # positions are consecutive within each segment (as packing and layers.input_defaults give
-            # them), so key_pos - query_pos is the index difference there, and across segments
-            # and padding the mask removes the entry. Decoding keeps the per-row form. The cost:
-            # with the batch split over devices, that sum is an all-reduce of [H, T, S] per
-            # layer (the per-row form all-reduced only the [buckets, H] table's gradient).
-            idx_1T = jnp.arange(x_BTD.shape[1])[None]
-            bias_BHTS = self.relpos(idx_1T, idx_1T)
+            # Training and evaluation: one bias [1, H, T, S] for all rows, from index positions;
+            # its gradient sums over the batch, then (on a GPU or TPU) along the diagonals and
+            # into the buckets (relpos.toeplitz_bias: no scatter over H.T.S). It equals the
+            # per-row bias of positions_BT wherever the mask lets a query see a key: positions
+            # are consecutive within each segment (layers.input_defaults checks them where
+            # concrete), and across segments and padding the mask removes the entry. Decoding
+            # keeps the per-row form. With the batch split over devices the batch sum is an
+            # all-reduce of [H, T, S] per layer.
+            bias_BHTS = self.relpos.of_indices(x_BTD.shape[1], x_BTD.shape[1])
         else:
             bias_BHTS = self.relpos(positions_BT, k_pos_BS)
         keys = None if rng is None else jax.random.split(rng, self.num_layers + 2)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from switchzoo import attention_impl, layers, transformer, validate
+from switchzoo import attention_impl, layers, relpos, transformer, validate
 from switchzoo.config import ModelConfig
 from switchzoo.configs import base
 
@@ -62,7 +62,7 @@ def _stack(p, cfg, x, pos, seg, causal, enc=None, enc_seg=None):
     mask = seg[:, :, None] == seg[:, None, :]
     if causal:
         mask &= pos[:, None, :] <= pos[:, :, None]
-    bucket = layers.relpos_bucket(pos[:, None, :] - pos[:, :, None], not causal,
+    bucket = relpos.relpos_bucket(pos[:, None, :] - pos[:, :, None], not causal,
                                   cfg.relpos_buckets, cfg.relpos_max_distance)
     bias = jnp.transpose(p["relpos"]["embedding"][bucket], (0, 3, 1, 2))   # [B, H, T, S]
     for i in range(len(p["layers"])):

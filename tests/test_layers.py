@@ -11,7 +11,8 @@ from flax import nnx
 
 from switchzoo import layout as L, state as state_lib, transformer, zoo
 from switchzoo.inspector import count_collectives
-from switchzoo.layers import Attention, Mlp, RMSNorm, relpos_bucket
+from switchzoo.layers import Attention, Mlp, RMSNorm
+from switchzoo.relpos import relpos_bucket
 
 
 @pytest.mark.parametrize("rel, bidirectional, bucket", [
