@@ -51,27 +51,27 @@ def diagonal_sums(g_HTS):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def toeplitz_bias(table_NH, T: int, S: int, buckets):
+def toeplitz_bias(table_RH, T: int, S: int, buckets):
     """The relative-position bias [1, H, T, S] of index positions 0..T-1 against 0..S-1:
-    entry (t, s) is ``table_NH[buckets[s - t + T - 1]]``, ``buckets`` the bucket of each of
+    entry (t, s) is ``table_RH[buckets[s - t + T - 1]]``, ``buckets`` the bucket of each of
     the T + S - 1 offsets (a tuple). Its gradient sums the incoming [1, H, T, S] along the
     diagonals first (diagonal_sums: T + S - 1 offsets), then into the buckets with a
     [T + S - 1, N] one-hot matmul, where the plain gather's gradient scatter-adds all H.T.S
     entries into the table."""
     offsets_TS = np.arange(S)[None, :] - np.arange(T)[:, None] + T - 1
-    rows = jnp.take(table_NH, jnp.asarray(buckets, jnp.int32), axis=0)   # [T + S - 1, H]
+    rows = jnp.take(table_RH, jnp.asarray(buckets, jnp.int32), axis=0)   # [T + S - 1, H]
     return jnp.transpose(rows[offsets_TS], (2, 0, 1))[None]
 
 
-def _toeplitz_fwd(table_NH, T, S, buckets):
-    return toeplitz_bias(table_NH, T, S, buckets), table_NH.shape[0]
+def _toeplitz_fwd(table_RH, T, S, buckets):
+    return toeplitz_bias(table_RH, T, S, buckets), table_RH.shape[0]
 
 
 def _toeplitz_bwd(T, S, buckets, num_buckets, g_1HTS):
-    per_offset_HO = diagonal_sums(g_1HTS[0].astype(jnp.float32))
-    onehot_ON = jax.nn.one_hot(np.asarray(buckets), num_buckets, dtype=jnp.float32)
-    return (jnp.einsum("ho,on->nh", per_offset_HO, onehot_ON,
-                       precision=jax.lax.Precision.HIGHEST).astype(g_1HTS.dtype),)
+    sums = diagonal_sums(g_1HTS[0].astype(jnp.float32))          # [heads, T + S - 1 offsets]
+    onehot = jax.nn.one_hot(np.asarray(buckets), num_buckets, dtype=jnp.float32)
+    grad_RH = jnp.matmul(sums, onehot, precision=jax.lax.Precision.HIGHEST).T
+    return (grad_RH.astype(g_1HTS.dtype),)
 
 
 toeplitz_bias.defvjp(_toeplitz_fwd, _toeplitz_bwd)
