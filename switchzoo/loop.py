@@ -281,6 +281,8 @@ def _train(config, workdir, print_fn, lock: workdir_lib.Lock, interrupts: Preemp
                     throughput.restart(state)        # this process's first step: it compiled
                 ckpt.check()          # a save that failed in the background stops the run now
                 stopping = preempted() or ckpt.manager.reached_preemption(step)
+                if stopping:
+                    interrupts.saving()
                 final = step == config.num_train_steps or stopping
                 saving = final or ckpt.manager.should_save(step)
                 if step % config.log_every_steps == 0 or saving:

@@ -39,6 +39,7 @@ class Preemption:
 
     def __enter__(self):
         self.flag, self.asked, self.started, self.previous = False, False, False, {}
+        self.saved = False
         # several processes: SIGTERM stays the preemption service's; without it, Ctrl-C keeps
         # Python's default (the processes could not agree on a step to save)
         self.shared = jax.process_count() > 1
@@ -59,9 +60,15 @@ class Preemption:
         self.begin()
         yield lambda: self.flag
 
+    def saving(self) -> None:
+        """The loop saves its last step now: a signal that arrives late (its handler run after
+        the processes agreed on the step) asks nothing more of the preemption service."""
+        self.saved = True
+
     def _handle(self, signum, frame):
         if not self.started:
             raise Interrupted(signum)
+        late = self.shared and self.saved          # the processes agreed on a step already
         if self.asked and signum == signal.SIGINT:
             sys.stderr.write("\nerror: interrupted again: stopped at once, without saving this "
                              "step; the committed checkpoints are kept: run the same command to "
@@ -73,9 +80,9 @@ class Preemption:
                              "stops at once)\n")
             sys.stderr.flush()
         self.asked = True
-        if self.shared:            # the service agrees with the other processes on a step
+        if self.shared and not late:   # the service agrees with the other processes on a step
             os.kill(os.getpid(), signal.SIGTERM)
-        else:
+        elif not self.shared:
             self.flag = True
 
     def __exit__(self, *exc):

@@ -59,11 +59,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Runs the script in argv[1] with SIGINT at its default disposition (a shell's background job
+# inherits it ignored, and a process started there would never see Ctrl-C).
+DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                  "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
 def two(command, extra=(), timeout=300, ctrl_c_after=None):
     """Runs ``command`` as processes 0 and 1 of a 2-process run; [(returncode, out, err)].
     ``ctrl_c_after``: once the run has logged that many steps, SIGINT to both processes, as a
     terminal's Ctrl-C sends it to its foreground processes."""
     port = free_port()
+    if ctrl_c_after:    # as a terminal's foreground job: SIGINT at its default, even where this
+        command = [sys.executable, "-c", DEFAULT_SIGINT, *command[1:]]   # runs in background
     procs = [subprocess.Popen(command + [f"--coordinator_address=127.0.0.1:{port}",
                                          "--num_processes=2", f"--process_id={i}",
                                          *(extra[i] if extra else ())],
