@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import pathlib
-import re
 import sys
 import time
 
@@ -42,7 +41,7 @@ def devices_needed(config, devices: int | None) -> int:
             raise ValueError("--dry_run with a literal layout string needs --config.mesh "
                              "(e.g. data:4,model:1,expert:8)")
         mesh = preset.mesh
-    sizes = [int(s) for s in re.findall(r":(-?\d+)", mesh)]
+    sizes = layout_lib.mesh_sizes(mesh).shape
     if -1 in sizes:
         if devices is None:
             raise ValueError(f"mesh '{mesh}' leaves an axis open (-1): give --devices N, or a "

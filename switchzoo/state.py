@@ -238,20 +238,18 @@ def run_layout(config) -> layout_lib.Layout:
     this machine's devices cannot hold (a paper config's pod mesh) says how to run it here."""
     try:
         return make_layout(config.layout, config.mesh or None)
-    except layout_lib.LayoutError as e:
-        too_few = "devices" in str(e) and ("available" in str(e) or "divide" in str(e))
-        if not too_few:
-            raise
-        raise layout_lib.LayoutError(
+    except layout_lib.DeviceCountError as e:
+        raise layout_lib.DeviceCountError(
             f"{e}; on this machine, `train.py ... --dry_run` compiles the step for that mesh "
             "on simulated devices, and --config.mesh=data:-1,model:1,expert:1 trains on the "
             f"{jax.device_count()} device(s) it has") from None
 
 
-def check_accumulation(config) -> None:
-    """grad_accum_steps must be >= 1 and divide the global batch (checked before anything is
-    written; steps.micro_batches checks the arrays themselves)."""
-    accumulate, batch = config.grad_accum_steps, global_batch_size(config)
+def check_accumulation(config, batch: int | None = None) -> None:
+    """grad_accum_steps must be >= 1 and divide the global batch (``batch`` rows, default this
+    machine's; checked before anything is written; steps.micro_batches checks the arrays)."""
+    accumulate = config.grad_accum_steps
+    batch = global_batch_size(config) if batch is None else batch
     if accumulate < 1 or batch % accumulate:
         raise ValueError(f"grad_accum_steps={accumulate} must be >= 1 and divide the global "
                          f"batch of {batch} rows (per_device_batch_size x devices)")
@@ -284,7 +282,7 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
                              "both set; set one (the fine-tune's is the recipe's 0.4)")
         overrides.setdefault("expert_dropout", finetune.expert_dropout)   # the recipe's
     if cfg.moe is None and config.router_learning_rate_scale != 1.0:
-        raise ValueError(f"--config.router_learning_rate_scale set for a dense model, which has "
+        raise ValueError("--config.router_learning_rate_scale set for a dense model, which has "
                          "no routers; drop the flag")
     if cfg.moe is None and config.router_freeze_step:
         raise ValueError("--config.router_freeze_step set for a dense model, which has no "

@@ -12,7 +12,6 @@ which first re-runs the process with glibc's huge-page tunable (entry.huge_pages
 ``python -m`` on this module skips that.
 """
 import math
-import re
 import sys
 
 import jax
@@ -21,6 +20,7 @@ from ml_collections import config_flags
 
 from switchzoo import dry_run, loop, registry, validate, zoo
 from switchzoo import layout as layout_lib
+from switchzoo import state as state_lib
 from switchzoo.commands import cli
 
 config_flags.DEFINE_config_file("config", registry.config_path("configs/demo.py"),
@@ -93,16 +93,13 @@ def _check(f) -> None:
     zoo.entry(config.model)
     layout = config.layout or "data_parallel"
     mesh = config.mesh or getattr(layout_lib.presets().get(layout), "mesh", "data:-1")
-    sizes = [int(n) for n in re.findall(r":\s*(-?\d+)", mesh)]
+    sizes = layout_lib.mesh_sizes(mesh).shape
     fixed = math.prod(n for n in sizes if n != -1)
-    devices = f.devices or (fixed * max(1, jax.device_count() // max(fixed, 1))
-                            if -1 in sizes else fixed)
+    devices = f.devices or (fixed * max(1, jax.device_count() // fixed) if -1 in sizes
+                            else fixed)
     spec = layout_lib.parse_mesh(mesh, devices)
     layout_lib.parse_layout(layout_lib.layout_string(layout), tuple(spec.axes))
-    rows = config.per_device_batch_size * math.prod(spec.shape)
-    if config.grad_accum_steps < 1 or rows % config.grad_accum_steps:
-        raise ValueError(f"grad_accum_steps={config.grad_accum_steps} must be >= 1 and divide "
-                         f"the global batch of {rows} rows")
+    state_lib.check_accumulation(config, config.per_device_batch_size * math.prod(spec.shape))
     print(f"check: model {config.model}, task {config.task}, mesh {mesh} "
           f"({math.prod(spec.shape)} devices), layout {layout}: the flags and the config hold "
           "(nothing was run or written)")

@@ -39,6 +39,10 @@ class LayoutError(ValueError):
     """A mistake in a mesh spec or layout string; the message names the tensor and the fix."""
 
 
+class DeviceCountError(LayoutError):
+    """A well-formed mesh spec that the devices at hand cannot hold."""
+
+
 # ---------------------------------------------------------------------------------------- meshes
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,25 @@ def parse_mesh(text: str, num_devices: int | None = None) -> MeshSpec:
     """Parses ``data:2,model:2,expert:2``; resolves one ``-1`` against ``num_devices``."""
     if num_devices is None:
         num_devices = jax.device_count()
+    spec = mesh_sizes(text)
+    shape = list(spec.shape)
+    known = math.prod(n for n in shape if n != -1)
+    if -1 in shape:
+        if num_devices % known:
+            raise DeviceCountError(
+                f"mesh spec {text!r}: the fixed axes ({known} devices) do not divide the "
+                f"{num_devices} devices; choose sizes that divide {num_devices}")
+        shape[shape.index(-1)] = num_devices // known
+    elif known != num_devices:
+        raise DeviceCountError(
+            f"mesh spec {text!r} has {known} devices but {num_devices} are available; make the "
+            f"sizes multiply to {num_devices} (or use -1 for one axis)")
+    return MeshSpec(spec.axes, tuple(shape))
+
+
+def mesh_sizes(text: str) -> MeshSpec:
+    """The axes and sizes a mesh spec writes, one of them possibly -1 (the devices left), with
+    no devices consulted: a LayoutError for a spec that is not well formed."""
     if not isinstance(text, str) or not text.strip():
         raise LayoutError(f"mesh spec {text!r} is empty; write axes as 'data:2,model:2,expert:2'")
     axes, shape = [], []
@@ -78,16 +101,6 @@ def parse_mesh(text: str, num_devices: int | None = None) -> MeshSpec:
     if shape.count(-1) > 1:
         raise LayoutError(f"mesh spec {text!r}: more than one axis is -1; at most one axis may "
                           "take the devices left")
-    known = math.prod(n for n in shape if n != -1)
-    if -1 in shape:
-        if num_devices % known:
-            raise LayoutError(f"mesh spec {text!r}: the fixed axes ({known} devices) do not divide "
-                              f"the {num_devices} devices; choose sizes that divide {num_devices}")
-        shape[shape.index(-1)] = num_devices // known
-    elif known != num_devices:
-        raise LayoutError(
-            f"mesh spec {text!r} has {known} devices but {num_devices} are available; make the "
-            f"sizes multiply to {num_devices} (or use -1 for one axis)")
     return MeshSpec(tuple(axes), tuple(shape))
 
 
@@ -97,7 +110,7 @@ def make_mesh(spec: str | MeshSpec, devices=None) -> Mesh:
     if isinstance(spec, str):
         spec = parse_mesh(spec, len(devices))
     if math.prod(spec.shape) != len(devices):
-        raise LayoutError(f"mesh {spec} has {math.prod(spec.shape)} devices but "
+        raise DeviceCountError(f"mesh {spec} has {math.prod(spec.shape)} devices but "
                           f"{len(devices)} are given; make the sizes multiply to {len(devices)}")
     return jax.make_mesh(spec.shape, spec.axes, axis_types=(AxisType.Auto,) * len(spec.axes),
                          devices=devices)
