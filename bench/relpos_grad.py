@@ -13,23 +13,19 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from common import emit, interleaved_best, machine, parser
 
-from switchzoo.relpos import relpos_bucket, toeplitz_bias
+from switchzoo.relpos import gather_bias, offset_buckets, toeplitz_bias
 
 
 def programs(heads: int, T: int, bidirectional: bool = True):
     table = jax.random.normal(jax.random.key(0), (32, heads))
     g = jax.random.normal(jax.random.key(1), (1, heads, T, T))
-    bucket = relpos_bucket(jnp.arange(T)[None, None, :] - jnp.arange(T)[None, :, None],
-                           bidirectional, 32, 128)
-    buckets = tuple(int(b) for b in relpos_bucket(np.arange(-(T - 1), T), bidirectional, 32,
-                                                  128))
+    buckets = offset_buckets(T, T, bidirectional, 32, 128)
 
     def gather(t):
-        return jnp.transpose(jnp.take(t, bucket, axis=0), (0, 3, 1, 2))
+        return gather_bias(t, jnp.arange(T)[None], jnp.arange(T)[None], bidirectional, 128)
 
     def toeplitz(t):
         return toeplitz_bias(t, T, T, buckets)

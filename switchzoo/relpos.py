@@ -77,6 +77,24 @@ def _toeplitz_bwd(T, S, buckets, num_buckets, g_1HTS):
 toeplitz_bias.defvjp(_toeplitz_fwd, _toeplitz_bwd)
 
 
+def gather_bias(table_RH, q_pos_BT, k_pos_BS, bidirectional: bool, max_distance: int):
+    """The bias [B, H, T, S] of queries at q_pos against keys at k_pos: each entry the table's
+    row of its offset's bucket (a gather; its gradient a scatter-add into the table)."""
+    bucket_BTS = relpos_bucket(k_pos_BS[:, None, :] - q_pos_BT[:, :, None], bidirectional,
+                               table_RH.shape[0], max_distance)
+    return jnp.transpose(jnp.take(table_RH, bucket_BTS, axis=0), (0, 3, 1, 2))
+
+
+def offset_buckets(T: int, S: int, bidirectional: bool, num_buckets: int,
+                   max_distance: int) -> tuple[int, ...]:
+    """The bucket of each offset s - t from -(T - 1) to S - 1 (toeplitz_bias's ``buckets``),
+    computed on the host even while a step traces."""
+    with jax.ensure_compile_time_eval():
+        buckets = relpos_bucket(np.arange(-(T - 1), S), bidirectional, num_buckets,
+                                max_distance)
+    return tuple(int(b) for b in np.asarray(buckets))
+
+
 DIAGONAL_GRADIENT: bool | None = None    # None: on a GPU or TPU (RelativePositionBias.of_indices)
 
 
@@ -91,11 +109,8 @@ class RelativePositionBias(nnx.Module):
 
     @jax.named_scope("relpos_bias")
     def __call__(self, q_pos_BT, k_pos_BS):
-        rel_BTS = k_pos_BS[:, None, :] - q_pos_BT[:, :, None]
-        bucket_BTS = relpos_bucket(rel_BTS, self.bidirectional, self.num_buckets,
-                                   self.max_distance)
-        bias_BTSH = jnp.take(self.embedding[...], bucket_BTS, axis=0)
-        return jnp.transpose(bias_BTSH, (0, 3, 1, 2))     # [B, H, T, S]
+        return gather_bias(self.embedding[...], q_pos_BT, k_pos_BS, self.bidirectional,
+                           self.max_distance)
 
     @jax.named_scope("relpos_bias")
     def of_indices(self, T: int, S: int):
@@ -109,7 +124,5 @@ class RelativePositionBias(nnx.Module):
         if not diagonal:
             index = jnp.arange(T)[None], jnp.arange(S)[None]
             return self(*index)
-        with jax.ensure_compile_time_eval():          # T5's bucketing, on the host, once
-            buckets = relpos_bucket(np.arange(-(T - 1), S), self.bidirectional,
-                                    self.num_buckets, self.max_distance)
-        return toeplitz_bias(self.embedding[...], T, S, tuple(int(b) for b in np.asarray(buckets)))
+        return toeplitz_bias(self.embedding[...], T, S, offset_buckets(
+            T, S, self.bidirectional, self.num_buckets, self.max_distance))

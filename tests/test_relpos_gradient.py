@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from switchzoo import relpos, transformer, zoo
-from switchzoo.relpos import diagonal_sums, relpos_bucket, toeplitz_bias
+from switchzoo.relpos import diagonal_sums, gather_bias, offset_buckets, toeplitz_bias
 
 
 def test_diagonal_sums_against_a_loop():
@@ -27,14 +27,10 @@ def test_diagonal_sums_against_a_loop():
 def test_the_bias_is_the_gathers_and_its_gradient_equal(bidirectional, T, S):
     table = jax.random.normal(jax.random.key(0), (32, 4))
     g = jax.random.normal(jax.random.key(1), (1, 4, T, S))
-    rel = jnp.arange(S)[None, None, :] - jnp.arange(T)[None, :, None]
-    bucket = relpos_bucket(rel, bidirectional, 32, 128)
+    buckets = offset_buckets(T, S, bidirectional, 32, 128)
 
     def gather(t):
-        return jnp.transpose(jnp.take(t, bucket, axis=0), (0, 3, 1, 2))
-
-    buckets = tuple(int(b) for b in relpos_bucket(np.arange(-(T - 1), S), bidirectional, 32,
-                                                  128))
+        return gather_bias(t, jnp.arange(T)[None], jnp.arange(S)[None], bidirectional, 128)
 
     def toeplitz(t):
         return toeplitz_bias(t, T, S, buckets)
