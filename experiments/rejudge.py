@@ -6,7 +6,7 @@ they are.
     python experiments/rejudge.py lm_claims --publish                      # replaces them
     python experiments/rejudge.py --all [--publish]    # every docs/*.json; lists what changed
 
-A result written by lm_claims.py, span_claims.py or routing_family.py --regime lm is judged
+A result written by lm_claims.py, span_claims.py, lr_sweep.py or routing_family.py --regime lm is judged
 by that script's own judge (lm_claims.claims, routing_family.findings) on its runs. --all
 re-judges every other study's verdicts from their recorded same-seed gaps (noise.rejudge:
 the paired rule needs nothing else), and prints each verdict whose words changed. Without
@@ -32,14 +32,22 @@ from switchzoo import noise  # noqa: E402
 # the script that wrote a result (its "command") -> the key of its verdicts and their judge
 JUDGES = {"lm_claims.py": ("claims", lm_claims.claims),
           "span_claims.py": ("claims", lm_claims.claims),
-          "routing_family.py": ("findings", routing_family.findings)}
+          "routing_family.py": ("findings", routing_family.findings),
+          "lr_sweep.py": ("at_best", lambda r: lr_sweep.at_best_claims(r, r["best"]))}
+# --all: the judges that read every run they need from the result itself (routing_family's
+# findings also read other seeds' results: re-judged verdict by verdict instead)
+WHOLE = ("lm_claims.py", "span_claims.py", "lr_sweep.py")
+
+
+def script_of(result: dict) -> str:
+    words = result.get("command", "").split()
+    return pathlib.Path(words[1]).name if len(words) > 1 else ""
 
 
 def judge_of(result: dict) -> tuple[str, object]:
     """(key, judge) for a result, from the script its command names; SystemExit (one line) for
     a result these cannot judge."""
-    words = result.get("command", "").split()
-    script = pathlib.Path(words[1]).name if len(words) > 1 else ""
+    words, script = result.get("command", "").split(), script_of(result)
     if script not in JUDGES or (script == "routing_family.py" and "lm" not in words):
         raise SystemExit(f"error: {result.get('study', 'this result')} was written by "
                          f"{script or 'no command'}; "
@@ -54,20 +62,12 @@ def rejudge(result: dict) -> dict:
     return {**result, key: judge(result)}
 
 
-# --all: the scripts whose judges read every run they need from their own JSON
-# (routing_family.findings also reads other seeds' results: verdict by verdict instead)
-WHOLE = {"lm_claims.py": ("claims", lm_claims.claims),
-         "span_claims.py": ("claims", lm_claims.claims),
-         "lr_sweep.py": ("at_best", lambda r: lr_sweep.at_best_claims(r, r["best"]))}
-
-
 def rejudge_any(result: dict) -> dict:
     """``result`` re-judged: by its script's judge where that reads only this result, else
     verdict by verdict from the recorded gaps."""
-    words = result.get("command", "").split()
-    script = pathlib.Path(words[1]).name if len(words) > 1 else ""
+    script = script_of(result)
     if script in WHOLE and (script != "lr_sweep.py" or "best" in result):
-        key, judge = WHOLE[script]           # its own key by its judge, the rest by the walk
+        key, judge = JUDGES[script]          # its own key by its judge, the rest by the walk
         return {**{k: v if k == "runs" else _walk(v) for k, v in result.items()},
                 key: judge(result)}
     return _walk(result)
