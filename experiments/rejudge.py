@@ -6,8 +6,9 @@ they are.
     python experiments/rejudge.py lm_claims --publish                      # replaces them
     python experiments/rejudge.py --all [--publish]    # every docs/*.json; lists what changed
 
-A result written by lm_claims.py, span_claims.py, lr_sweep.py or routing_family.py --regime lm is judged
-by that script's own judge (lm_claims.claims, routing_family.findings) on its runs. --all
+A result written by lm_claims.py, span_claims.py, lr_sweep.py or routing_family.py --regime
+lm is judged by that script's own judge (lm_claims.claims, lr_sweep.at_best_claims,
+routing_family.findings) on its runs. --all
 re-judges every other study's verdicts from their recorded same-seed gaps (noise.rejudge:
 the paired rule needs nothing else), and prints each verdict whose words changed. Without
 --publish nothing is written.
