@@ -4,6 +4,8 @@ share: the models, XLA's FLOP count of an unrolled step, a packed batch, and ``m
 cases, and the record every case fills: bench/gpu_cases.py."""
 from __future__ import annotations
 
+import inspect
+
 from common import Step
 from gpu_cases import SPEC_BF16_FLOPS, Unsupported, partial, replace
 
@@ -61,13 +63,22 @@ def packed_batch(vocab: int, batch: int, length: int) -> dict:
                                          (batch, length)).astype(np.int32)}
 
 
+def optimizer(moments: str = "float32"):
+    """AdamW as the train cases run it; ``moments`` "bfloat16": its moments at half width
+    (--config.moments_dtype), where this tree has that option."""
+    from switchzoo import optim
+    if moments == "float32":
+        return "adamw"
+    if "moments_dtype" not in inspect.signature(optim.make_optimizer).parameters:
+        raise Unsupported("optim.make_optimizer has no moments_dtype argument")
+    return optim.make_optimizer("adamw", 1e-3, 100, moments_dtype=moments)
+
+
 def measure_step(cfg, batch, length, repeats, loss_chunk=0, extra=None, record=None,
-                 xla_flops=True, profile_steps=0, host_batch=None) -> dict:
+                 xla_flops=True, profile_steps=0, host_batch=None, moments="float32") -> dict:
     """Compile and time the real train step (bench/common.Step) on one device; ``record``
     (if given) gets the timing as soon as it is measured. ``profile_steps`` > 0: then where
     the step's device time goes (bench/gpu_profile.trace), under ``profile``."""
-    import inspect
-
     import jax
 
     from switchzoo import steps, zoo
@@ -77,7 +88,7 @@ def measure_step(cfg, batch, length, repeats, loss_chunk=0, extra=None, record=N
             raise Unsupported("steps.make_train_step has no loss_chunk argument")
         kw["loss_chunk"] = loss_chunk
     step = Step(cfg, "data:1", "data_parallel", batch, length, jax.devices()[:1],
-                host_batch=host_batch, **kw)
+                host_batch=host_batch, optimizer=optimizer(moments), **kw)
     step.run(1)
     seconds = step.time(repeats=repeats, warmup=0)
     hand = 3 * zoo.flops_per_token(cfg, seq_len=length) * step.tokens()
@@ -158,8 +169,10 @@ def train(model: str):
 def switch_base_8(rec, z, args):
     """zoo switch_base_8 at bf16 with AdamW and without dropout, as configs/c4.py and
     c4_gpu.py pre-train it (the catalogue's fine-tuning dropout 0.1 keeps attention on the
-    reference einsums: the first H100 run measured that, 16% of the matmul rate): whether the
-    step fits without remat, else the first remat policy that does."""
+    reference einsums: the first H100 run measured that, 16% of the matmul rate): without
+    remat and under "minimal" (c4_gpu.py's: one cuDNN forward per layer, its outputs kept),
+    "full" only where neither fits (--smoke: none alone); then without remat with AdamW's
+    moments in bfloat16."""
     from switchzoo import zoo
     b = z.base
     cfg = replace(zoo.get("switch_base_8"), dtype="bfloat16", scan_layers=not args.no_scan,
@@ -174,8 +187,12 @@ def switch_base_8(rec, z, args):
         rec.part(f"remat_{remat}", lambda remat=remat: measure_step(
             replace(cfg, remat=remat), b.batch, b.length, b.repeats, args.loss_chunk,
             record=partial(rec, f"remat_{remat}"), xla_flops=not args.no_xla_flops,
-            profile_steps=args.profile_steps))
+            profile_steps=args.profile_steps if remat != "full" else 0))
         if remat == "none":
             rec["fits_without_remat"] = "step_s" in rec[f"remat_{remat}"]
-        if "step_s" in rec[f"remat_{remat}"]:
-            break
+        if "step_s" in rec[f"remat_{remat}"] and (remat == "minimal" or args.smoke):
+            break     # --smoke: "minimal" is the same code on another config (train_dense's)
+    if "step_s" in rec["remat_none"]:
+        rec.part("remat_none_adamw_bf16_moments", lambda: measure_step(
+            cfg, b.batch, b.length, b.repeats, args.loss_chunk, xla_flops=False,
+            record=partial(rec, "remat_none_adamw_bf16_moments"), moments="bfloat16"))

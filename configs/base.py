@@ -35,6 +35,8 @@ def get_base() -> ml_collections.ConfigDict:
                                           # warmup)); T5's own constants: 0.01 and 10,000
                                           # (configs/c4.py); "linear_rsqrt": a linear ramp to it
     c.weight_decay = 0.0                  # AdamW's decoupled weight decay
+    c.moments_dtype = "float32"           # AdamW's two moments stored in this dtype
+                                          # (bfloat16: half the optimizer's bytes)
     c.router_learning_rate_scale = 1.0    # multiplies the routers' updates (off: 1.0)
     c.router_freeze_step = 0              # the routers stop moving from this step on
                                           # (StableMoE's second stage; off: 0)

@@ -10,6 +10,14 @@ import jax
 import jax.numpy as jnp
 
 
+# What cuDNN is given (switchzoo.layers.Mask): causality and right padding as its own masks; a
+# packed batch's segments only as a boolean mask, which JAX adds to the bias, so the kernel
+# then reads and writes a [B, H, T, S] bias: jax.nn.dot_product_attention (JAX 0.10) has no
+# public segment-id or offset argument.
+PACKED = ("; packed rows (segments) reach it as a mask JAX adds to the bias ([B, H, T, S]): "
+          "JAX has no public segment path")
+
+
 class AttentionImpl(NamedTuple):
     """How a model's attention runs: ``name`` "reference" (the einsums of Attention.attend),
     "xla" or "cudnn" (jax.nn.dot_product_attention's implementations) or "pallas" (JAX's
@@ -58,13 +66,13 @@ def attention_impl(cfg, backend: str | None = None) -> AttentionImpl:
         if why:
             return AttentionImpl("reference", why)
         if cfg.attention == "cudnn":
-            impl = AttentionImpl("cudnn", "fused, asked for", strict=True)
+            impl = AttentionImpl("cudnn", "fused, asked for" + PACKED, strict=True)
         else:
             failed = _cudnn_probe(cfg.dtype, cfg.num_heads, cfg.d_kv)
             if failed:
                 return AttentionImpl("reference", f"cuDNN's fused kernel did not compile: "
                                                   f"{failed}")
-            impl = AttentionImpl("cudnn", "fused")
+            impl = AttentionImpl("cudnn", "fused" + PACKED)
     if cfg.dropout > 0:
         impl = impl._replace(reason=f"{impl.reason}; training steps run the reference path "
                                     f"for attention dropout (dropout={cfg.dropout:g})")
@@ -120,7 +128,8 @@ def _cudnn_refusal(cfg, backend: str) -> str:
 @functools.lru_cache
 def _cudnn_probe(dtype: str, heads: int, d_kv: int) -> str:
     """'' if cuDNN compiles the forward and backward of both attentions a model runs on small
-    shapes (self: relative-position bias [1, H, T, S], mask, causal; cross: mask only, S != T),
+    shapes (self: relative-position bias [1, H, T, S], mask, causal; cross: key lengths only,
+    S != T),
     else the first line of its error: auto then keeps the reference path rather than fail the
     run (a missing cuDNN, an unsupported GPU or bias gradient)."""
     dt = jnp.dtype(dtype)
@@ -130,8 +139,9 @@ def _cudnn_probe(dtype: str, heads: int, d_kv: int) -> str:
         mask = jnp.ones((B, 1, T, T), bool).at[:, :, :, T // 2:].set(False)
         self_ = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=1.0,
                                              is_causal=True, implementation="cudnn")
-        cross = jax.nn.dot_product_attention(q, kx, vx, mask=jnp.ones((B, 1, T, S), bool),
-                                             scale=1.0, implementation="cudnn")
+        cross = jax.nn.dot_product_attention(
+            q, kx, vx, key_value_seq_lengths=jnp.full((B,), S // 2, jnp.int32), scale=1.0,
+            implementation="cudnn")
         return jnp.sum((self_ + cross).astype(jnp.float32))
     qkv = jax.ShapeDtypeStruct((B, T, heads, d_kv), dt)
     kvx = jax.ShapeDtypeStruct((B, S, heads, d_kv), dt)

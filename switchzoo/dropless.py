@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from switchzoo import permute
 from switchzoo.layers import dropout, mlp
 from switchzoo.layout import Layout, LayoutError, spec_axes
 
@@ -217,13 +218,15 @@ def run_experts(x_AD, expert_A, w: dict, impl: str = "blocks", block: int = 128,
     order_A = jnp.argsort(expert_A, stable=True)
     expert_sorted_A = expert_A[order_A]
     counts_E = jnp.bincount(jnp.minimum(expert_A, E), length=E + 1)[:E].astype(jnp.int32)
+    sorted_A = permute.inverse_of(order_A, A)          # each assignment's sorted position
     if impl == "ragged_dot":
         def grouped(x, weight):
             return jax.lax.ragged_dot(x, weight.astype(x.dtype), counts_E)
 
-        y_sorted_AD = mlp(x_AD[order_A], w, grouped, dropout_fn=dropout_fn)
+        y_sorted_AD = mlp(permute.gather(x_AD, order_A, sorted_A), w, grouped,
+                          dropout_fn=dropout_fn)
         y_sorted_AD = jnp.where((expert_sorted_A < E)[:, None], y_sorted_AD, 0)
-        return jnp.zeros_like(y_sorted_AD).at[order_A].set(y_sorted_AD)
+        return permute.gather(y_sorted_AD, sorted_A, order_A)
 
     # Blocks: pad each expert's assignments to a multiple of the block size.
     block = min(block, max(8, 1 << (A - 1).bit_length()))       # no bigger than needed
@@ -235,7 +238,12 @@ def run_experts(x_AD, expert_A, w: dict, impl: str = "blocks", block: int = 128,
     clipped_A = jnp.minimum(expert_sorted_A, E - 1)
     rank_A = jnp.arange(A) - start_E[clipped_A]
     row_A = jnp.where(valid_A, padded_end_E[clipped_A] - padded_E[clipped_A] + rank_A, rows)
-    x_padded = jnp.zeros((rows, D), x_AD.dtype).at[row_A].set(x_AD[order_A], mode="drop")
+    # Each padded row's assignment (A: a padding row) and each assignment's padded row (rows:
+    # dropped), composed with the sort: one gather each way, each the other's gradient.
+    sorted_row = permute.inverse_of(row_A, rows)
+    assignment_row = jnp.where(sorted_row < A, order_A[jnp.minimum(sorted_row, A - 1)], A)
+    row_of_A = row_A[sorted_A]
+    x_padded = permute.gather(x_AD, assignment_row, row_of_A)
     num_blocks = padded_end_E[-1] // block
     block_expert = jnp.minimum(jnp.searchsorted(padded_end_E, jnp.arange(rows // block) * block,
                                                 side="right"), E - 1).astype(jnp.int32)
@@ -244,8 +252,7 @@ def run_experts(x_AD, expert_A, w: dict, impl: str = "blocks", block: int = 128,
         return block_matmul(x, weight.astype(x.dtype), block_expert, num_blocks, block)
 
     y_padded = mlp(x_padded, w, grouped, dropout_fn=dropout_fn)
-    y_sorted_AD = jnp.take(y_padded, row_A, axis=0, mode="fill", fill_value=0)
-    return jnp.zeros_like(y_sorted_AD).at[order_A].set(y_sorted_AD)
+    return permute.gather(y_padded, row_of_A, assignment_row)
 
 
 # ------------------------------------------------------------------------ the whole layer
@@ -264,7 +271,7 @@ def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: dict, rng=None, *, num_expe
     x_ND = x_BLD.reshape(B * L, D)
     E_local = w["wo"].shape[0]
     n = num_experts // E_local
-    token_A = jnp.repeat(jnp.arange(B * L), P)
+    x_AD = jnp.repeat(x_ND, P, axis=0)        # assignment a = n * P + p reads token n
     expert_A = jnp.where(jnp.repeat(valid_BL.reshape(-1), P), index_BLP.reshape(-1),
                          num_experts)
     gate_A = gates_BLP.reshape(-1).astype(x_BLD.dtype)
@@ -279,8 +286,12 @@ def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: dict, rng=None, *, num_expe
         count_n = jnp.bincount(dest_s, length=n + 1)[:n]
         start_n = jnp.cumsum(count_n) - count_n
         slot_s = jnp.arange(A) - start_n[jnp.minimum(dest_s, n - 1)]
-        send_x = jnp.zeros((n, A, D), x_ND.dtype).at[dest_s, slot_s].set(
-            x_ND[token_A[order]], mode="drop")
+        # each sent row's assignment, and each assignment's sent row (n A: stays)
+        flat_s = dest_s * A + slot_s
+        sent = permute.inverse_of(flat_s, n * A)
+        sent_a = jnp.where(sent < A, order[jnp.minimum(sent, A - 1)], A)
+        row_a = flat_s[permute.inverse_of(order, A)]
+        send_x = permute.gather(x_AD, sent_a, row_a).reshape(n, A, D)
         send_e = jnp.full((n, A), E_local, jnp.int32).at[dest_s, slot_s].set(
             e_s % E_local, mode="drop")
         swap = lambda a: pin(jax.lax.all_to_all(pin(a), expert_axes, 0, 0))
@@ -289,17 +300,16 @@ def _layer(x_BLD, index_BLP, gates_BLP, valid_BL, w: dict, rng=None, *, num_expe
         if ff_axes:
             y = jax.lax.psum(y, ff_axes)
         back = swap(y.reshape(n, A, D))
-        out_s = back.at[dest_s, slot_s].get(mode="fill", fill_value=0)
-        return jnp.zeros_like(x_ND).at[token_A[order]].add(gate_A[order][:, None] * out_s
-                                                           ).reshape(B, L, D)
+        out_A = permute.gather(back.reshape(n * A, D), row_a, sent_a)
+        return jnp.sum((gate_A[:, None] * out_A).reshape(B * L, P, D), axis=1).reshape(B, L, D)
 
     # Tokens are replicated over the expert axes (or there are none): each device runs its own
     # experts on the assignments that picked them, then the partial outputs are summed.
     first = (jax.lax.axis_index(expert_axes) * E_local) if expert_axes else 0
     local = expert_A - first
     local = jnp.where((local >= 0) & (local < E_local), local, E_local)
-    y = run(x_ND[token_A], local)
-    y_ND = jnp.zeros_like(x_ND).at[token_A].add(gate_A[:, None] * y)
+    y = run(x_AD, local)
+    y_ND = jnp.sum((gate_A[:, None] * y).reshape(B * L, P, D), axis=1)
     if expert_axes or ff_axes:
         y_ND = jax.lax.psum(y_ND, tuple(expert_axes) + tuple(ff_axes))
     return y_ND.reshape(B, L, D)

@@ -79,8 +79,9 @@ def batch_shapes(config, batch: int) -> dict:
     one = {"inputs": np.ones(1, np.int32), "targets": np.ones(1, np.int32)}
     words = [1] if config.task == "lm" else None
     fields = next(pipeline.eval_batches([one], config.task, batch, config.max_length, words, T))
+    # Evaluation's word counts and row lengths (its rows are unpacked) are not training fields.
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in fields.items()
-            if k != "num_words"}       # evaluation's word counts: not a training field
+            if k != "num_words" and not k.endswith("lengths")}
 
 
 def compile_step(config):

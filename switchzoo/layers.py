@@ -13,6 +13,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from switchzoo.attention_impl import flash
+from switchzoo.masks import Mask
 from switchzoo.draws import param
 from switchzoo.layout import constrain
 
@@ -23,6 +24,21 @@ NEG_INF = -1e9
 # expert: mlp's). MaxText's minimal_with_context.
 MINIMAL_SAVED = ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi",
                  "mlpwi_0", "mlpwi_1", "mlpwo")
+
+
+# cuDNN's fused forward (the primitive jax.nn.dot_product_attention binds): its outputs are the
+# context and the softmax statistics [B, H, T] its backward reads. The "minimal" policy saves
+# them, so a layer's backward does not run the fused forward again.
+CUDNN_FORWARD = "dot_product_attention_fwd_wrapper"
+
+
+def minimal_policy():
+    """The "minimal" remat policy: MINIMAL_SAVED by name, and cuDNN's forward outputs."""
+    names = jax.checkpoint_policies.save_only_these_names(*MINIMAL_SAVED)
+
+    def policy(prim, *args, **params):
+        return prim.name == CUDNN_FORWARD or names(prim, *args, **params)
+    return policy
 
 
 class Init(NamedTuple):
@@ -101,8 +117,8 @@ class Attention(nnx.Module):
                              ("heads", "d_kv", "d_model"))
         self.impl, self.causal, self.strict = impl, causal, strict
 
-    def __call__(self, x_BTD, kv_BSD, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None):
-        return self.attend(x_BTD, *self.project_kv(kv_BSD), bias_BHTS, mask_BTS, rate, rng)
+    def __call__(self, x_BTD, kv_BSD, bias_BHTS, mask, rate: float = 0.0, rng=None):
+        return self.attend(x_BTD, *self.project_kv(kv_BSD), bias_BHTS, mask, rate, rng)
 
     @jax.named_scope("attention")
     def project_kv(self, kv_BSD):
@@ -117,21 +133,25 @@ class Attention(nnx.Module):
                                 "value_proj"))
 
     @jax.named_scope("attention")
-    def attend(self, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS, rate: float = 0.0, rng=None,
+    def attend(self, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask, rate: float = 0.0, rng=None,
                fused: bool = True):
         """Queries x_BTD attend to keys/values [B, H, S, K] with ``bias_BHTS`` (float32,
-        [B or 1, H, T, S], or None) where ``mask_BTS`` allows. ``fused`` False (decoding
-        against a cache) runs the reference path whatever ``impl`` says."""
+        [B or 1, H, T, S], or None) where ``mask`` (a Mask, a boolean [B, T, S] or None) and,
+        in a causal stack, causality allow. ``fused`` False (decoding against a cache: the
+        mask holds causality by position) runs the reference path whatever ``impl`` says."""
+        mask = Mask.of(mask)
         impl = self._serving(x_BTD.shape[1], k_BHSK.shape[2], rate, rng) if fused else None
         if impl == "pallas":
-            return self._flash(x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS)
+            return self._flash(x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask)
         if impl in ("xla", "cudnn"):
-            return self._fused(impl, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS)
+            return self._fused(impl, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask)
         q_BHTK = self._query(x_BTD)
         s_BHTS = jnp.einsum("BHTK,BHSK->BHTS", q_BHTK, k_BHSK).astype(jnp.float32)
         if bias_BHTS is not None:
             s_BHTS = s_BHTS + _rows(bias_BHTS, s_BHTS.shape[0])
-        s_BHTS = s_BHTS + jnp.where(mask_BTS[:, None], 0.0, NEG_INF)
+        keep = mask.dense(s_BHTS.shape[2], s_BHTS.shape[3], self.causal and fused)
+        if keep is not None:
+            s_BHTS = s_BHTS + jnp.where(keep[:, None], 0.0, NEG_INF)
         p_BHTS = dropout(jax.nn.softmax(s_BHTS, axis=-1).astype(x_BTD.dtype), rate, rng)
         return self._out(checkpoint_name(jnp.einsum("BHTS,BHSK->BHTK", p_BHTS, v_BHSK),
                                          "context"))
@@ -168,15 +188,15 @@ class Attention(nnx.Module):
                              "the reference path")
         return "reference"
 
-    def _flash(self, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS):
+    def _flash(self, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask: Mask):
         """The Pallas flash kernel (TPU): the kernel takes one bias per row and head, so the
         mask joins the bias as NEG_INF (as the reference adds it); causal attention also
         skips the blocks above the diagonal."""
         q_BHTK = self._query(x_BTD)
         B, H, T, S = q_BHTK.shape[0], q_BHTK.shape[1], q_BHTK.shape[2], k_BHSK.shape[2]
-        bias = None
-        if mask_BTS is not None:
-            bias = jnp.broadcast_to(jnp.where(mask_BTS[:, None], 0.0, NEG_INF), (B, H, T, S))
+        bias, keep = None, mask.dense(T, S, False)
+        if keep is not None:
+            bias = jnp.broadcast_to(jnp.where(keep[:, None], 0.0, NEG_INF), (B, H, T, S))
         if bias_BHTS is not None:
             rows = _rows(bias_BHTS.astype(jnp.float32), B)
             bias = rows if bias is None else bias + rows
@@ -184,12 +204,15 @@ class Attention(nnx.Module):
         return self._out(checkpoint_name(
             constrain(ctx_BHTK, ("batch", "heads", "length", "d_kv")), "context"))
 
-    def _fused(self, impl: str, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS):
+    def _fused(self, impl: str, x_BTD, k_BHSK, v_BHSK, bias_BHTS, mask: Mask):
         """jax.nn.dot_product_attention (layout [B, T, heads, d_kv]; scale 1: T5 folds it into
-        the query weights). The boolean mask is [B, 1, T, S]; XLA applies it with a where
-        (a fully masked row, padding's cross-attention, averages its values: no NaN), cuDNN
-        adds it to the bias as a large negative number. cuDNN takes the bias in the
-        activations' dtype (a float32 one NaNs its bias gradient, jax issue 32242)."""
+        the query weights). Causality and right padding go as its ``is_causal`` and sequence
+        lengths (cuDNN's causal and padding masks: no tensor); a boolean keep_BTS goes as
+        ``mask`` [B, 1, T, S], which XLA applies with a where (a fully masked row, padding's
+        cross-attention, averages its values: no NaN) and cuDNN adds to the bias as a large
+        negative number. cuDNN takes the bias [1, H, T, S] (its gradient, too, is one per
+        head: never [B, H, T, S] unless a mask joins it) in the activations' dtype (a float32
+        one NaNs its bias gradient, jax issue 32242)."""
         dt = x_BTD.dtype
         q_BTHK = jnp.einsum("BTD,DHK->BTHK", x_BTD, self.q[...].astype(dt))
         q_BTHK = checkpoint_name(constrain(q_BTHK, ("batch", "length", "heads", "d_kv")),
@@ -203,12 +226,17 @@ class Attention(nnx.Module):
             bias = _rows(bias_BHTS, x_BTD.shape[0])
         ctx_BTHK = jax.nn.dot_product_attention(
             q_BTHK, k_BSHK, v_BSHK, bias=bias,
-            mask=None if mask_BTS is None else mask_BTS[:, None],
-            scale=1.0, is_causal=self.causal, implementation=impl)
+            mask=None if mask.keep_BTS is None else mask.keep_BTS[:, None],
+            scale=1.0, is_causal=self.causal, query_seq_lengths=_lengths(mask.q_lengths_B),
+            key_value_seq_lengths=_lengths(mask.kv_lengths_B), implementation=impl)
         ctx_BTHK = checkpoint_name(constrain(ctx_BTHK, ("batch", "length", "heads", "d_kv")),
                                    "context")
         out_BTD = jnp.einsum("BTHK,HKD->BTD", ctx_BTHK, self.o[...].astype(dt))
         return checkpoint_name(constrain(out_BTD, ("batch", "length", "d_model")), "out_proj")
+
+
+def _lengths(lengths_B):
+    return None if lengths_B is None else lengths_B.astype(jnp.int32)
 
 
 def _rows(bias_BHTS, B: int):
@@ -277,19 +305,18 @@ class Mlp(nnx.Module):
 
 
 def input_defaults(ids_BL, positions_BL, segments_BL):
-    """Positions 0, 1, ... and one segment per row where none are given; given positions must
-    be consecutive within each segment (as packing gives them), since the relative-position
-    bias and the causal mask read token order: checked wherever they are concrete (under jit,
-    the caller's promise)."""
+    """The positions: 0, 1, ... where none are given; given ones must be consecutive within
+    each segment (one per row where ``segments_BL`` is None), as packing gives them, since the
+    relative-position bias and the causal mask read token order: checked wherever they are
+    concrete (under jit, the caller's promise)."""
     B, L = ids_BL.shape
-    if segments_BL is None:
-        segments_BL = jnp.ones((B, L), jnp.int32)
     if positions_BL is None:
-        positions_BL = jnp.broadcast_to(jnp.arange(L), (B, L))
-    elif not isinstance(positions_BL, jax.core.Tracer) and not isinstance(segments_BL,
-                                                                          jax.core.Tracer):
-        check_positions(np.asarray(positions_BL), np.asarray(segments_BL))
-    return positions_BL, segments_BL
+        return jnp.broadcast_to(jnp.arange(L), (B, L))
+    if not isinstance(positions_BL, jax.core.Tracer) and not isinstance(segments_BL,
+                                                                        jax.core.Tracer):
+        check_positions(np.asarray(positions_BL), np.ones((B, L), np.int32)
+                        if segments_BL is None else np.asarray(segments_BL))
+    return positions_BL
 
 
 def check_positions(positions_BL: np.ndarray, segments_BL: np.ndarray) -> None:

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from switchzoo import dropless
+from switchzoo import dropless, permute
 from switchzoo.config import MoeConfig
 from switchzoo.layers import Init, Mlp, dropout, ffn_params, ffn_weights, mlp, split
 from switchzoo.layout import LayoutError, active, constrain
@@ -138,6 +138,7 @@ class SwitchFFN(nnx.Module):
                     cell_GNP = constrain(jnp.where(r.kept_GNP, r.expert_GNP * C + r.slot_GNP,
                                                    cfg.num_experts * C), pick_dims)
                     gate_GNP = constrain(r.gate_GNP.astype(dt), pick_dims)
+                    pick_GEC = constrain(r.pick_GEC, slot_dims)
             else:
                 mask_dims = ("groups", "group_size", "experts", "expert_capacity")
                 dispatch_GNEC = constrain(r.dispatch_GNEC.astype(dt), mask_dims)
@@ -145,7 +146,9 @@ class SwitchFFN(nnx.Module):
 
         # Dispatch where the tokens are, then move the expert dim onto its axis: all-to-all.
         with jax.named_scope("dispatch"):
-            if index:       # each slot's token (zero for an empty slot), group by group
+            if index and not self.experts_choose:   # a gather each way (switchzoo.permute)
+                x_EGCD = permute.dispatch(x_GND, token_GEC, cell_GNP)
+            elif index:     # each slot's token (zero for an empty slot), group by group
                 x_EGCD = jax.vmap(lambda x_ND, t_EC: x_ND.at[t_EC].get(mode="fill", fill_value=0),
                                   out_axes=1)(x_GND, token_GEC)
             else:
@@ -175,8 +178,7 @@ class SwitchFFN(nnx.Module):
                     y_GND = jax.vmap(lambda y_QD, t_Q: jnp.zeros((N, D), dt).at[t_Q].add(
                         y_QD, mode="drop"))(y_GQD, token_GEC.reshape(G, -1))
                 else:                       # each token's kept picks' slots, weighted
-                    y_GNPD = jax.vmap(lambda y_QD, c_NP: y_QD.at[c_NP].get(
-                        mode="fill", fill_value=0))(y_GQD, cell_GNP)
+                    y_GNPD = permute.combine(y_EGCD, cell_GNP, pick_GEC)
                     y_GND = jnp.einsum("GNPD,GNP->GND", y_GNPD, gate_GNP)
             else:
                 y_GND = jnp.einsum("EGCD,GNEC->GND", y_EGCD, combine_GNEC)

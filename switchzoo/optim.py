@@ -57,18 +57,57 @@ def make_schedule(name: str, learning_rate: float, warmup_steps: int):
 
 def make_optimizer(name: str = "adamw", learning_rate: float = 1e-3, warmup_steps: int = 100,
                    weight_decay: float = 0.0, schedule: str = "rsqrt",
-                   momentum: float = 0.0) -> optax.GradientTransformation:
+                   momentum: float = 0.0,
+                   moments_dtype: str = "float32") -> optax.GradientTransformation:
     """AdamW or Adafactor (optax's defaults: factored, parameter-scaled, update clipping at 1;
     ``momentum`` > 0: its optional first moment of that decay, not debiased) under
-    ``schedule`` (SCHEDULES)."""
+    ``schedule`` (SCHEDULES). ``moments_dtype``: AdamW's two moments stored in this dtype
+    (bfloat16: half their bytes; scale_by_adam_in)."""
     lr = make_schedule(schedule, learning_rate, warmup_steps)
     if name == "adamw":
         if momentum:
             raise ValueError("momentum is Adafactor's first moment; adamw keeps its own (b1 0.9)")
-        return optax.adamw(lr, b1=0.9, b2=0.98, weight_decay=weight_decay)
+        if moments_dtype == "float32":
+            return optax.adamw(lr, b1=0.9, b2=0.98, weight_decay=weight_decay)
+        return optax.chain(scale_by_adam_in(jnp.dtype(moments_dtype), b1=0.9, b2=0.98),
+                           optax.add_decayed_weights(weight_decay),
+                           optax.scale_by_learning_rate(lr))
+    if moments_dtype != "float32":
+        raise ValueError(f"moments_dtype={moments_dtype} is AdamW's; Adafactor keeps its "
+                         "factored statistics in float32")
     if name == "adafactor":
         return optax.adafactor(lr, momentum=momentum or None)
     raise ValueError(f"unknown optimizer '{name}'; use 'adamw' or 'adafactor'")
+
+
+def scale_by_adam_in(dtype, b1: float = 0.9, b2: float = 0.999,
+                     eps: float = 1e-8) -> optax.GradientTransformation:
+    """Adam's scaling (optax.scale_by_adam's arithmetic, in float32) with both moments stored
+    in ``dtype`` (optax's own ``mu_dtype`` covers the first moment alone), and the update
+    computed from the moments as stored, so XLA keeps no copy of the old ones while it writes
+    the new (bench/optimizer_bytes.py). Rounding each moment to bfloat16 keeps 8 bits of
+    mantissa, which their running averages tolerate."""
+    def init(params):
+        zeros = lambda p: jnp.zeros(p.shape, dtype)           # noqa: E731
+        return optax.ScaleByAdamState(count=jnp.zeros((), jnp.int32),
+                                      mu=jax.tree.map(zeros, params),
+                                      nu=jax.tree.map(zeros, params))
+
+    def update(updates, state, params=None):
+        del params
+        count = optax.safe_increment(state.count)
+        f32 = lambda x: x.astype(jnp.float32)                  # noqa: E731
+        # The update reads the moments as stored (rounded), so the step needs no copy of the
+        # old ones while it writes the new: one pass over each.
+        mu = jax.tree.map(lambda g, m: ((1 - b1) * f32(g) + b1 * f32(m)).astype(dtype),
+                          updates, state.mu)
+        nu = jax.tree.map(lambda g, v: ((1 - b2) * jnp.square(f32(g)) + b2 * f32(v)
+                                        ).astype(dtype), updates, state.nu)
+        c1, c2 = 1 - b1 ** count, 1 - b2 ** count
+        out = jax.tree.map(lambda g, m, v: ((f32(m) / c1) / (jnp.sqrt(f32(v) / c2) + eps)
+                                            ).astype(g.dtype), updates, mu, nu)
+        return out, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+    return optax.GradientTransformation(init, update)
 
 
 # Leading dims over which the optimizer runs slice by slice: each layer of a scanned stack, and

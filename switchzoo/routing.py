@@ -62,6 +62,7 @@ class Routing(NamedTuple):
     kept_GNP: jax.Array | None = None
     gate_GNP: jax.Array | None = None
     balance: Balance | None = None   # eq. 4's sums (zero for experts-choose: no aux loss)
+    pick_GEC: jax.Array | None = None  # tokens-choose: the pick (n * P + p) in each slot
 
     @property
     def dispatch_GNEC(self):
@@ -259,7 +260,7 @@ def route(logits_GNE, top_k: int, capacity: int, normalize: bool = True,
     }
     return Routing(token_GEC, weight_GEC.reshape(G, E, capacity),
                    jnp.sum(kept_GNP, -1, dtype=jnp.int32), c.aux_loss, c.z_loss, metrics,
-                   c.index_GNP, slot_GNP, kept_GNP, gate_GNP, c.balance)
+                   c.index_GNP, slot_GNP, kept_GNP, gate_GNP, c.balance, pick_GEC)
 
 
 def experts_choose_route(logits_GNE, capacity: int, valid_GN=None) -> Routing:

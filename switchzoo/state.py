@@ -344,7 +344,8 @@ def run_model_config(config, vocab_size: int, model: ModelConfig | None = None,
 
 def run_optimizer(config) -> optax.GradientTransformation:
     return make_optimizer(config.optimizer, config.learning_rate, config.warmup_steps,
-                          config.weight_decay, config.schedule, config.momentum)
+                          config.weight_decay, config.schedule, config.momentum,
+                          config.moments_dtype)
 
 
 def setup_run(config, layout: layout_lib.Layout, cfg: ModelConfig,

@@ -159,10 +159,13 @@ def forward(model, cfg: ModelConfig, layout: layout_lib.Layout, batch, rng=None,
                          src_positions=batch.get("inputs_positions"),
                          src_segments=batch.get("inputs_segments"),
                          tgt_positions=batch.get("targets_positions"),
-                         tgt_segments=batch.get("targets_segments"), rng=rng,
+                         tgt_segments=batch.get("targets_segments"),
+                         src_lengths=batch.get("inputs_lengths"),
+                         tgt_lengths=batch.get("targets_lengths"), rng=rng,
                          return_hidden=hidden)
         return model(batch["inputs"], positions_BL=batch.get("positions"),
-                     segments_BL=batch.get("segments"), rng=rng, return_hidden=hidden)
+                     segments_BL=batch.get("segments"), lengths_B=batch.get("lengths"), rng=rng,
+                     return_hidden=hidden)
 
 
 def make_eval_step(s: state_lib.Setup):

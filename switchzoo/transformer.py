@@ -22,7 +22,7 @@ from switchzoo.relpos import RelativePositionBias
 from switchzoo.layers import (MINIMAL_SAVED, Attention, Embed, Init, Mlp,
                               RMSNorm, dropout, split)
 from switchzoo.layout import active, constrain
-from switchzoo import layers, moe
+from switchzoo import layers, masks, moe
 from switchzoo.moe import SwitchFFN
 from switchzoo.scanned import (layers_as, scan_period,  # noqa: F401 (re-exported)
                                stack_layers, unstack_layers)
@@ -35,7 +35,7 @@ from switchzoo.scanned import (layers_as, scan_period,  # noqa: F401 (re-exporte
 # masks [G, N, E, C], which "dots" keeps (they are matmul outputs too).
 REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
                   "dots": jax.checkpoint_policies.dots_saveable,
-                  "minimal": jax.checkpoint_policies.save_only_these_names(*MINIMAL_SAVED)}
+                  "minimal": layers.minimal_policy()}
 assert tuple(REMAT_POLICIES) == config_lib.REMAT
 
 
@@ -87,7 +87,7 @@ class Block(nnx.Module):
                     if sparse else Mlp(cfg.d_model, cfg.d_ff, rngs, cfg.activation, cfg.dropout,
                                        init))
 
-    def __call__(self, x_BTD, bias_BHTS, mask_BTS, enc_BSD=None, cross_mask_BTS=None, rng=None,
+    def __call__(self, x_BTD, bias_BHTS, mask, enc_BSD=None, cross_mask=None, rng=None,
                  valid_BT=None, cache=None, index=None):
         """Returns (x_BTD, Switch stats, cache); with a cache, this block's new keys/values are
         written at ``index`` and attention runs over the whole cache."""
@@ -99,13 +99,13 @@ class Block(nnx.Module):
             v_BHSK = jax.lax.dynamic_update_slice(cache["v"], v_BHSK, (0, 0, index, 0))
             cache = {**cache, "k": k_BHSK, "v": v_BHSK}
         fused = cache is None                   # decoding steps run the reference path
-        h_BTD = self.attn.attend(h_BTD, k_BHSK, v_BHSK, bias_BHTS, mask_BTS, self.rate, r_attn,
+        h_BTD = self.attn.attend(h_BTD, k_BHSK, v_BHSK, bias_BHTS, mask, self.rate, r_attn,
                                  fused)
         x_BTD = x_BTD + dropout(h_BTD, self.rate, r1)
         if self.has_cross:
             kv = ((cache["cross_k"], cache["cross_v"]) if cache is not None
                   else self.cross.project_kv(enc_BSD))
-            h_BTD = self.cross.attend(self.cross_norm(x_BTD), *kv, None, cross_mask_BTS,
+            h_BTD = self.cross.attend(self.cross_norm(x_BTD), *kv, None, cross_mask,
                                       self.rate, r_cross, fused)
             x_BTD = x_BTD + dropout(h_BTD, self.rate, r2)
         h_BTD = self.ffn_norm(x_BTD)
@@ -142,15 +142,22 @@ class Stack(nnx.Module):
         self.final_norm = RMSNorm(cfg.d_model)
 
     def __call__(self, x_BTD, positions_BT, segments_BT, enc_BSD=None, enc_segments_BS=None,
-                 rng=None, cache=None, index=None):
-        """Segments mark packed sequences (0 = padding). Returns (x_BTD, Switch stats: a list of
-        {name: [layers, ...]}, cache).
+                 rng=None, cache=None, index=None, lengths_B=None, enc_lengths_B=None):
+        """Segments mark packed sequences (0 = padding; None: one sequence per row, nothing
+        masked but causality). ``lengths_B`` (and the encoder's ``enc_lengths_B``): rows hold
+        one sequence each, right-padded to these lengths; attention then masks by length
+        (Mask). Returns (x_BTD, Switch stats: a list of {name: [layers, ...]}, cache).
 
         With a cache (decoding), the tokens are the next ones after ``index`` cached positions;
         each attends to every valid cached position at or before its own."""
+        if segments_BT is None:
+            segments_BT = jnp.ones(x_BTD.shape[:2], jnp.int32) if cache is not None else None
         with jax.named_scope("masks"):
-            mask_BTS, cross_mask_BTS, k_pos_BS, cache = self._masks(
-                x_BTD, positions_BT, segments_BT, enc_segments_BS, cache, index)
+            mask, cross_mask, k_pos_BS, cache = masks.of_stack(
+                x_BTD.shape[:2], self.causal, positions_BT, segments_BT, enc_segments_BS, cache,
+                index, lengths_B, enc_lengths_B)
+        valid_BT = (jnp.ones(x_BTD.shape[:2], bool) if segments_BT is None
+                    else segments_BT != 0)
         if cache is None:
             # Training and evaluation: one bias [1, H, T, S] for all rows, from index positions;
             # its gradient sums over the batch, then (on a GPU or TPU) along the diagonals and
@@ -165,12 +172,12 @@ class Stack(nnx.Module):
             bias_BHTS = self.relpos(positions_BT, k_pos_BS)
         keys = None if rng is None else jax.random.split(rng, self.num_layers + 2)
         x_BTD = dropout(x_BTD, self.cfg.dropout, None if keys is None else keys[0])
-        shared = (bias_BHTS, mask_BTS, enc_BSD, cross_mask_BTS)
+        shared = (bias_BHTS, mask, enc_BSD, cross_mask)
         if cache is None and self.cfg.scan_layers:
-            x_BTD, stats = self._scan(x_BTD, shared, segments_BT != 0,
+            x_BTD, stats = self._scan(x_BTD, shared, valid_BT,
                                       None if keys is None else keys[2:])
         else:
-            x_BTD, stats, cache = self._loop(x_BTD, shared, segments_BT != 0,
+            x_BTD, stats, cache = self._loop(x_BTD, shared, valid_BT,
                                              None if keys is None else keys[2:], cache, index)
         return (dropout(self.final_norm(x_BTD), self.cfg.dropout,
                         None if keys is None else keys[1]), stats, cache)
@@ -206,7 +213,7 @@ class Stack(nnx.Module):
         def run(x_BTD, rows, bias_BHTS, params, keys, select=None):
             """Consecutive groups over x (their parameters stacked on the leading dim; a
             pipeline's ``select`` picks each group's from its slice)."""
-            mask_BTS, enc_BSD, cross_mask_BTS, valid_BT = rows
+            mask, enc_BSD, cross_mask, valid_BT = rows
 
             def group(x_BTD, xs):
                 params, keys = xs
@@ -214,7 +221,7 @@ class Stack(nnx.Module):
                     params = select(params)
                 stats = []
                 for j, layer in enumerate(nnx.merge(graphdef, params)):
-                    x_BTD, s, _ = layer(x_BTD, bias_BHTS, mask_BTS, enc_BSD, cross_mask_BTS,
+                    x_BTD, s, _ = layer(x_BTD, bias_BHTS, mask, enc_BSD, cross_mask,
                                         None if keys is None else keys[j], valid_BT)
                     if s:
                         stats.append(s)
@@ -244,26 +251,6 @@ class Stack(nnx.Module):
         parts = [nnx.split(m) for m in self.scanned]
         return [nnx.merge(graphdef, jax.tree.map(lambda x, g=g: x[g], params))
                 for g in range(self.num_layers // self.period) for graphdef, params in parts]
-
-    def _masks(self, x_BTD, positions_BT, segments_BT, enc_segments_BS, cache, index):
-        """Self- and cross-attention masks [B, T, S] and the key positions (with a cache, its
-        updated ``valid``), computed once per stack for all its layers."""
-        T = x_BTD.shape[1]
-        if cache is None:
-            k_pos_BS, k_seg_BS = positions_BT, segments_BT
-            mask_BTS = segments_BT[:, :, None] == k_seg_BS[:, None, :]
-        else:
-            valid_BS = jax.lax.dynamic_update_slice(cache["valid"], segments_BT != 0, (0, index))
-            k_pos_BS = jnp.broadcast_to(jnp.arange(valid_BS.shape[1]), valid_BS.shape)
-            mask_BTS = jnp.broadcast_to(valid_BS[:, None, :], (x_BTD.shape[0], T, valid_BS.shape[1]))
-            cache = {**cache, "valid": valid_BS}
-        if self.causal:
-            mask_BTS = mask_BTS & (k_pos_BS[:, None, :] <= positions_BT[:, :, None])
-        cross_mask_BTS = None
-        if enc_segments_BS is not None:
-            cross_mask_BTS = ((segments_BT[:, :, None] == enc_segments_BS[:, None, :])
-                              & (enc_segments_BS[:, None, :] != 0))
-        return mask_BTS, cross_mask_BTS, k_pos_BS, cache
 
     def init_cache(self, batch: int, max_length: int, enc_BSD=None, dtype=jnp.float32) -> dict:
         """An empty decoding cache (with the cross-attention keys/values of ``enc_BSD``)."""
@@ -325,14 +312,17 @@ class DecoderLM(_Head):
         self._init_head(cfg, rngs)
         self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=False, rngs=rngs)
 
-    def __call__(self, ids_BL, *, positions_BL=None, segments_BL=None, rng=None,
+    def __call__(self, ids_BL, *, positions_BL=None, segments_BL=None, lengths_B=None, rng=None,
                  return_hidden=False):
         """Returns float32 logits [B, L, V] and the Switch losses/metrics (see ``moe.combine_losses``).
         ``rng`` None means evaluation (no dropout or jitter, the eval capacity factor).
+        ``lengths_B``: each row one sequence of that many tokens, then padding (its segments,
+        if given, 1 then 0); the attention then masks by length (Stack).
         ``return_hidden``: the final hidden states x_BLD in place of the logits (head_inputs)."""
-        positions_BL, segments_BL = layers.input_defaults(ids_BL, positions_BL, segments_BL)
+        positions_BL = layers.input_defaults(ids_BL, positions_BL, segments_BL)
         x_BLD = self.embed(ids_BL, jnp.dtype(self.cfg.dtype))
-        x_BLD, stats, _ = self.decoder(x_BLD, positions_BL, segments_BL, rng=rng)
+        x_BLD, stats, _ = self.decoder(x_BLD, positions_BL, segments_BL, rng=rng,
+                                       lengths_B=lengths_B)
         return (x_BLD if return_hidden else self._logits(x_BLD),
                 moe.combine_losses([stats], _reduction(self.cfg)))
 
@@ -349,26 +339,33 @@ class EncoderDecoder(_Head):
                              encoder=True)
         self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=True, rngs=rngs)
 
-    def encode(self, src_BS, *, positions_BS=None, segments_BS=None, rng=None):
-        """Encoder output [B, S, D] and the encoder's Switch stats."""
-        positions_BS, segments_BS = layers.input_defaults(src_BS, positions_BS, segments_BS)
+    def encode(self, src_BS, *, positions_BS=None, segments_BS=None, lengths_B=None, rng=None):
+        """Encoder output [B, S, D] and the encoder's Switch stats (``lengths_B``: as in
+        __call__'s ``src_lengths``)."""
+        positions_BS = layers.input_defaults(src_BS, positions_BS, segments_BS)
         x_BSD = self.embed(src_BS, jnp.dtype(self.cfg.dtype))
-        x_BSD, stats, _ = self.encoder(x_BSD, positions_BS, segments_BS, rng=rng)
+        x_BSD, stats, _ = self.encoder(x_BSD, positions_BS, segments_BS, rng=rng,
+                                       lengths_B=lengths_B)
         return x_BSD, stats
 
     def __call__(self, src_BS, tgt_BT, *, src_positions=None, src_segments=None,
-                 tgt_positions=None, tgt_segments=None, rng=None, return_hidden=False):
+                 tgt_positions=None, tgt_segments=None, src_lengths=None, tgt_lengths=None,
+                 rng=None, return_hidden=False):
         """Source ids [B, S] and decoder input ids [B, T] (targets shifted right) -> float32
         logits [B, T, V] (``return_hidden``: the decoder's final hidden states [B, T, D]) and
-        the Switch losses/metrics of both stacks."""
+        the Switch losses/metrics of both stacks. ``src_lengths`` / ``tgt_lengths`` [B]: each
+        row one sequence of that many tokens, then padding; attention then masks by length
+        (both are needed for the decoder's; either alone masks its own stack)."""
         r_enc, r_dec = split(rng, 2)
-        src_positions, src_segments = layers.input_defaults(src_BS, src_positions, src_segments)
-        tgt_positions, tgt_segments = layers.input_defaults(tgt_BT, tgt_positions, tgt_segments)
+        src_positions = layers.input_defaults(src_BS, src_positions, src_segments)
+        tgt_positions = layers.input_defaults(tgt_BT, tgt_positions, tgt_segments)
         enc_BSD, enc_stats = self.encode(src_BS, positions_BS=src_positions,
-                                         segments_BS=src_segments, rng=r_enc)
+                                         segments_BS=src_segments, lengths_B=src_lengths,
+                                         rng=r_enc)
         y_BTD = self.embed(tgt_BT, jnp.dtype(self.cfg.dtype))
         y_BTD, dec_stats, _ = self.decoder(y_BTD, tgt_positions, tgt_segments, enc_BSD,
-                                           src_segments, rng=r_dec)
+                                           src_segments, rng=r_dec, lengths_B=tgt_lengths,
+                                           enc_lengths_B=src_lengths)
         return (y_BTD if return_hidden else self._logits(y_BTD),
                 moe.combine_losses([enc_stats, dec_stats], _reduction(self.cfg)))
 

@@ -99,6 +99,7 @@ RANGES = {
 CHOICES = {
     "task": ("translation", "lm", "span_corruption", "text2text"),
     "optimizer": ("adamw", "adafactor"),
+    "moments_dtype": ("float32", "bfloat16"),
     "dtype": ("float32", "bfloat16"),
     "remat": REMAT,
     "attention": ATTENTION,
@@ -146,7 +147,8 @@ READERS = {
     "data.source": (lambda c: c.task != "text2text", "task=translation, lm or span_corruption"),
     "data.info_dir": (lambda c: c.task == "span_corruption" and c.data.source == "embedded",
                       "task=span_corruption and data.source=embedded"),
-    "weight_decay": (lambda c: c.optimizer == "adamw", "optimizer=adamw"),
+    **{k: (lambda c: c.optimizer == "adamw", "optimizer=adamw")
+       for k in ("weight_decay", "moments_dtype")},
     "warmup_steps": (lambda c: c.schedule != "constant", "schedule=rsqrt or linear_rsqrt"),
     "distill.weight": (lambda c: bool(c.distill.teacher), "distill.teacher=DIR"),
     "loss_chunk": (lambda c: not c.distill.teacher,

@@ -306,3 +306,38 @@ def test_cudnn_calls_it_cannot_serve_fall_back_under_auto_and_are_refused_when_a
     with pytest.raises(ValueError, match=r"^attention='cudnn' cannot serve odd lengths \(3 "
                                          r"queries, 3 keys\); use even lengths"):
         attention(strict=True)(x, x, None, mask)
+
+
+@pytest.mark.parametrize("cfg", [ENC_DEC, DECODER], ids=["encoder_decoder", "decoder_only"])
+def test_rows_given_as_lengths_or_without_segments_compute_the_oracle(cfg):
+    """How a batch's structure reaches the attention (layers.Mask): the padded rows (one
+    example each, as evaluation batches) given their lengths mask by length, and rows given no
+    segments mask nothing but causality; both give the oracle's logits (of the valid tokens)
+    and loss under reference and xla, as the segment mask does."""
+    batch = {k: v[3:] for k, v in make_batch(cfg).items()}      # the padded rows
+    lengths = {k: jnp.sum(batch[f"{k}_seg"] != 0, axis=1) for k in ("src", "tgt") if
+               f"{k}_seg" in batch}
+    full = {k: v[:, :3] for k, v in batch.items()}            # no padding: every row valid
+    full.update({f"{k}_seg": jnp.ones_like(full[k]) for k in ("src", "tgt") if k in full})
+    params = nnx.to_pure_dict(nnx.state(transformer.build(cfg.replace(attention="reference"))))
+
+    def run(c, batch, lengths, segments: bool):
+        model = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: transformer.build(c))), params)
+        seg = (lambda k: batch[f"{k}_seg"]) if segments else (lambda k: None)
+        if c.is_encoder_decoder:
+            return model(batch["src"], batch["tgt"], src_positions=batch["src_pos"],
+                         src_segments=seg("src"), tgt_positions=batch["tgt_pos"],
+                         tgt_segments=seg("tgt"), src_lengths=lengths.get("src"),
+                         tgt_lengths=lengths.get("tgt"))[0]
+        return model(batch["tgt"], positions_BL=batch["tgt_pos"], segments_BL=seg("tgt"),
+                     lengths_B=lengths.get("tgt"))[0]
+
+    for b, kw in ((batch, dict(lengths=lengths, segments=True)),
+                  (full, dict(lengths={}, segments=False))):
+        want = np.asarray(jax.jit(lambda p: oracle(p, cfg, b))(params))
+        valid = (np.asarray(b["tgt_seg"]) != 0)[..., None]
+        for attention in ("reference", "xla"):
+            got = np.asarray(jax.jit(functools.partial(run, cfg.replace(attention=attention),
+                                                       **kw))(b))
+            assert float(np.max(np.where(valid, np.abs(got - want), 0))) < 1e-5, attention
+            assert abs(float(loss_of(got, b)) - float(loss_of(want, b))) < 1e-5, attention

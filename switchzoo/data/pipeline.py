@@ -330,8 +330,9 @@ def pack(dataset: grain.IterDataset, task: str, batch_size: int, max_length: int
 def eval_batches(featurized: list[dict], task: str, batch_size: int, max_length: int,
                  num_words: list[int] | None = None,
                  target_length: int | None = None, num_batches: int = 0) -> Iterator[dict]:
-    """One example per row, padded; the last batch is filled with weight-0 rows, and batches
-    of weight-0 rows follow up to ``num_batches`` (every process runs as many)."""
+    """One example per row, padded (with each row's length: ``lengths``, ``inputs_lengths`` and
+    ``targets_lengths``); the last batch is filled with weight-0 rows, and batches of weight-0
+    rows follow up to ``num_batches`` (every process runs as many)."""
     length = {"inputs": max_length, "targets": target_length or max_length}
     for start in range(0, max(len(featurized), num_batches * batch_size), batch_size):
         rows = featurized[start:start + batch_size]
@@ -346,12 +347,18 @@ def eval_batches(featurized: list[dict], task: str, batch_size: int, max_length:
         positions = {side: np.where(segments[side] > 0,
                                     np.arange(length[side], dtype=np.int32), 0)
                      for side in ("inputs", "targets")}
+        # One sequence per row, right-padded: its length, so that attention masks by length
+        # (cuDNN's padding mask) rather than by a [B, T, S] mask (switchzoo.layers.Mask).
+        lengths = {side: np.sum(segments[side], axis=1, dtype=np.int32)
+                   for side in ("inputs", "targets")}
         if task != "lm":
             for side in ("inputs", "targets"):
                 batch[f"{side}_segments"] = segments[side]
                 batch[f"{side}_positions"] = positions[side]
+                batch[f"{side}_lengths"] = lengths[side]
         else:
             batch["segments"], batch["positions"] = segments["targets"], positions["targets"]
+            batch["lengths"] = lengths["targets"]
             words = np.zeros(batch_size, np.int32)
             words[:len(rows)] = num_words[start:start + batch_size]
             batch["num_words"] = words
