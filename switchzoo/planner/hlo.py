@@ -232,3 +232,31 @@ def loop_flops(text: str) -> int:
         total += times[name] * sum(_dot_flops(shape, rest, shapes)
                                    for _, shape, op, rest in comp.instructions if op == "dot")
     return total
+
+
+def data_movement(text: str, ops=("copy", "dynamic-update-slice")) -> dict[str, dict]:
+    """Per op kind in ``ops``: how many run per step and the bytes they write (a copy its
+    result; an in-place dynamic-update-slice its update, operand 1), loop trip counts
+    multiplied in; with the largest instructions (name, bytes, runs). A copy inside a fusion
+    is a layout change of the fused loop, not a buffer written, and is not counted; a fused
+    dynamic-update-slice writes its update in place, and is."""
+    comps, entry = _parse(text)
+    times = _multiplicities(comps, entry)
+    fused = set(re.findall(r"\sfusion\(.*?calls=%([\w.\-]+)", text))
+    out = {op: {"count": 0, "bytes": 0, "largest": []} for op in ops}
+    for cname, comp in comps.items():
+        k = times.get(cname, 0)
+        shapes = {name: shape for name, shape, _, _ in comp.instructions}
+        for name, shape, op, rest in comp.instructions:
+            if not k or op not in out or (op == "copy" and cname in fused):
+                continue
+            if op == "dynamic-update-slice":
+                operands = re.findall(r"%([\w.\-]+)", rest.split(")")[0])
+                shape = shapes.get(operands[1], "") if len(operands) > 1 else ""
+            nbytes = shape_bytes(shape)
+            out[op]["count"] += k
+            out[op]["bytes"] += k * nbytes
+            out[op]["largest"].append((name, nbytes, k))
+    for row in out.values():
+        row["largest"] = sorted(row["largest"], key=lambda r: -r[1] * r[2])[:8]
+    return out
