@@ -18,10 +18,9 @@ def test_adamw_moments_in_bfloat16_follow_optax_adamw_and_are_refused_for_adafac
     rng = np.random.default_rng(0)
     params = {"w": jnp.asarray(rng.normal(size=(48, 16)), jnp.float32),
               "b": jnp.asarray(rng.normal(size=(5,)), jnp.float32)}
-    grads = [jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
-             for _ in range(20)]
+    grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=(20,) + x.shape), jnp.float32),
+                         params)                                   # 20 steps' gradients
 
-    @jax.jit
     def run(dtype_name, params):
         dt = jnp.dtype(dtype_name)
         txs = [optax.adamw(1e-2, b1=0.9, b2=0.98, weight_decay=0.01),
@@ -29,13 +28,13 @@ def test_adamw_moments_in_bfloat16_follow_optax_adamw_and_are_refused_for_adafac
                            optax.scale_by_learning_rate(1e-2))]
         out = []
         for tx in txs:
-            p, s = params, tx.init(params)
-            for g in grads:
+            def step(carry, g, tx=tx):
+                p, s = carry
                 u, s = tx.update(jax.tree.map(lambda g, p: g + 0.1 * p, g, p), s, p)
-                p = optax.apply_updates(p, u)
-            out.append((p, s))
+                return (optax.apply_updates(p, u), s), None
+            out.append(jax.lax.scan(step, (params, tx.init(params)), grads)[0])
         return out
-    run = jax.jit(run.__wrapped__, static_argnums=0)
+    run = jax.jit(run, static_argnums=0)
     for name, tol in (("float32", 1e-6), ("bfloat16", 1e-3)):
         (want, _), (got, state) = run(name, params)
         gap = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
