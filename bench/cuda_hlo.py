@@ -39,18 +39,21 @@ TENSOR = re.compile(r"tensor<([0-9x]*)x?(\w+)>")
 def as_on_a_gpu():
     """Trace as a GPU run would: cuDNN's version probe answered (9.10), attention's cuDNN
     checks passed (attention_impl: cuDNN asked for by name serves), the relative-position
-    table's diagonal gradient (relpos). Restored on exit."""
+    table's diagonal gradient (relpos), the experts on capacity slots (moe.KEPT_ONLY: the CPU's
+    kept-only loop is not a GPU's). Restored on exit."""
     from jax._src.cudnn import fused_attention_stablehlo as fa
 
-    from switchzoo import attention_impl, relpos
-    saved = (fa.check_cudnn_version, attention_impl._cudnn_refusal, relpos.DIAGONAL_GRADIENT)
+    from switchzoo import attention_impl, moe, relpos
+    saved = (fa.check_cudnn_version, attention_impl._cudnn_refusal, relpos.DIAGONAL_GRADIENT,
+             moe.KEPT_ONLY)
     fa.check_cudnn_version = lambda: 91000
     attention_impl._cudnn_refusal = lambda cfg, backend: ""
-    relpos.DIAGONAL_GRADIENT = True
+    relpos.DIAGONAL_GRADIENT, moe.KEPT_ONLY = True, False
     try:
         yield
     finally:
-        fa.check_cudnn_version, attention_impl._cudnn_refusal, relpos.DIAGONAL_GRADIENT = saved
+        (fa.check_cudnn_version, attention_impl._cudnn_refusal, relpos.DIAGONAL_GRADIENT,
+         moe.KEPT_ONLY) = saved
 
 
 def batch_fields(batch: int, length: int, packed: bool = False, lengths: bool = False,

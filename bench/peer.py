@@ -44,7 +44,7 @@ import time
 
 from common import emit, interleaved_best, machine, parser
 
-TRAIN_GOAL = 1.5
+TRAIN_GOAL = 1.2      # issue 67: training tokens/s >= 1.2x transformers
 DECODE_GOAL = 3.0
 LOGITS_TOLERANCE = 1e-3
 

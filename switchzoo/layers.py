@@ -125,8 +125,11 @@ class Attention(nnx.Module):
         """Keys and values [B, H, S, K] (what a decoding cache stores): heads-major, the layout
         the attention matmuls batch over, so a cached step reads them without a transpose."""
         dt = kv_BSD.dtype
-        k_BHSK = jnp.einsum("BSD,DHK->BHSK", kv_BSD, self.k[...].astype(dt))
-        v_BHSK = jnp.einsum("BSD,DHK->BHSK", kv_BSD, self.v[...].astype(dt))
+        # [B, S, H, K] then heads-major: a dot whose output keeps the weight's order, so XLA
+        # reads the weight as it is stored (an output in [B, H, S, K] order had XLA:CPU copy
+        # the weight into [H, K, D] at every use, inside decoding's loop too)
+        k_BHSK = jnp.swapaxes(jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.k[...].astype(dt)), 1, 2)
+        v_BHSK = jnp.swapaxes(jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.v[...].astype(dt)), 1, 2)
         return (checkpoint_name(constrain(k_BHSK, ("batch", "heads", "length", "d_kv")),
                                 "key_proj"),
                 checkpoint_name(constrain(v_BHSK, ("batch", "heads", "length", "d_kv")),
@@ -158,7 +161,8 @@ class Attention(nnx.Module):
 
     def _query(self, x_BTD):
         """The queries [B, H, T, K] of the reference and flash paths (tagged for remat)."""
-        q_BHTK = jnp.einsum("BTD,DHK->BHTK", x_BTD, self.q[...].astype(x_BTD.dtype))
+        q_BHTK = jnp.swapaxes(jnp.einsum("BTD,DHK->BTHK", x_BTD, self.q[...].astype(x_BTD.dtype)),
+                              1, 2)
         return checkpoint_name(constrain(q_BHTK, ("batch", "heads", "length", "d_kv")),
                                "query_proj")
 

@@ -166,3 +166,48 @@ def test_router_matmul_runs_at_highest_precision():
     found = list(dots(jaxpr.jaxpr))
     assert len(found) == 1
     assert found[0].params["precision"] == (jax.lax.Precision.HIGHEST,) * 2, found[0].params
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept_picks", "slots"])
+@pytest.mark.parametrize("case", ["top1_train_no_dropout", "top2_gelu", "top2_sum_to_one"])
+def test_one_device_kept_picks_or_slots_equal_einsum_dispatch(case, kept, monkeypatch):
+    """On one device without expert dropout the index dispatch runs the experts on the kept
+    picks only (moe.kept_experts) where that is fewer rows than the capacity slots, else on
+    the slots: both branches give the einsum dispatch's outputs, stats and gradients."""
+    from switchzoo import moe
+    kw, train = {"top1_train_no_dropout": (dict(top_k=1, jitter=0.1), True),
+                 "top2_gelu": (dict(top_k=2, activation="gated-gelu"), False),
+                 "top2_sum_to_one": (dict(top_k=2, gates_sum_to_one=True), True)}[case]
+    monkeypatch.setattr(moe, "KEPT_EXPERT_ROWS", -10 ** 6 if kept else 10 ** 6)
+    einsum, index = pair(**kw)
+    rng = jax.random.key(2) if train else None
+    want = loss_and_grads(einsum, X, VALID, rng)
+    got = loss_and_grads(index, X, VALID, rng)
+    assert float(want[1]["dropped_fraction"]) > 0.1, "the test needs drops"
+    assert np.all(got[0][~np.asarray(VALID)] == 0.0)
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("block", [1, 3, 16])
+def test_sorted_matmul_and_its_gradients_equal_a_dense_reference(block):
+    """Rows sorted by expert (some experts empty, dropped rows last) times their expert's
+    weight, blocks running past an expert's rows included."""
+    from switchzoo.moe import kept_experts
+    rng = np.random.default_rng(0)
+    A, Dm, Fm, Em = 23, 8, 12, 5
+    expert = jnp.asarray(rng.choice([0, 2, 2, 3, Em], A), jnp.int32)      # 1, 4 empty; 5: drop
+    x = jnp.asarray(rng.normal(size=(A, Dm)), jnp.float32)
+    w = {"wi": jnp.asarray(rng.normal(size=(Em, Dm, Fm)), jnp.float32),
+         "wo": jnp.asarray(rng.normal(size=(Em, Fm, Dm)), jnp.float32)}
+
+    def reference(x, w):
+        e = jnp.minimum(expert, Em - 1)
+        h = jax.nn.relu(jnp.einsum("ad,adf->af", x, w["wi"][e]))
+        return jnp.where((expert < Em)[:, None], jnp.einsum("af,afd->ad", h, w["wo"][e]), 0)
+
+    def loss(f):
+        return lambda x, w: jnp.sum(jnp.sin(f(x, w)))
+    got = jax.jit(jax.value_and_grad(loss(lambda x, w: kept_experts(x, expert, w, block)),
+                                     argnums=(0, 1)))(x, w)
+    want = jax.value_and_grad(loss(reference), argnums=(0, 1))(x, w)
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-5), got, want)
