@@ -1,6 +1,8 @@
 """Tests run on 8 simulated CPU devices; the flag must be set before JAX is imported."""
 import atexit
+import fcntl
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -69,6 +71,18 @@ os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 # short, memory-heavy processes of the multi-process and kill/resume tests: ~25 s of the suite
 # here). tests/test_huge_pages.py tests the re-run itself with the variable removed.
 os.environ.setdefault("SWITCHZOO_HUGE_PAGES", "0")
+# Idle threads that sleep instead of spinning. torch (the Hugging Face oracle) runs its ops on
+# OpenMP threads that, by default, spin while they wait for work; on this 2-core machine,
+# shared by three test workers and the processes they start, a waiting thread spins through
+# the other processes' time slices (one transformers generate of a tiny Switch model: 0.1 to
+# 14 s of CPU from run to run, 0.2 s when its threads sleep instead; test_hf, test_hf_export,
+# test_decoding, test_t5x and test_bench_peer: 110 -> 66 s). numpy's OpenBLAS threads spin
+# ~0.1 s after each threaded call and at every start (~40% of an `import numpy`'s CPU): 2^4
+# cycles instead of 2^28 before they sleep. Either changes when an idle thread wakes, not which
+# threads compute what: the same results. Read when each runtime loads (torch: after this,
+# conftest.Lazy; numpy: jax below), and by the processes the tests start.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 # Bytecode kept (beside the sources, in the __pycache__ folders git ignores) where the machine
 # says otherwise (PYTHONDONTWRITEBYTECODE=1 here): each of the ~60 processes the tests start
 # would compile switchzoo's sources again (~0.15 s of CPU each), and each xdist worker its test
@@ -109,6 +123,28 @@ FIRST = ("test_bench_gpu.py::test_smoke", "test_multiprocess.py::test_two_proces
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not any(f in item.nodeid for f in FIRST))
+
+
+def built_once(tmp_path_factory, name: str, build) -> pathlib.Path:
+    """``build(folder)`` (it fills the empty ``folder`` and returns the path it made), run once
+    per test session: a module-scoped fixture is built once per process, and worksteal may
+    hand a module's tests to every xdist worker (tests/test_faults.py's trained run: built by
+    all three). Under xdist the first worker to ask builds it in the session's shared
+    temporary folder while the others wait on a lock, then all read the same files; tests
+    must not change them (they work on copies). Without xdist, a plain temporary folder."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / f"built-once-{name}"
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)              # released when the file closes
+        record = shared / "built"
+        if not record.exists():
+            folder = shared / "folder"
+            shutil.rmtree(folder, ignore_errors=True)     # left by a worker whose build failed
+            folder.mkdir()
+            record.write_text(str(build(folder)))
+        return pathlib.Path(record.read_text())
 
 
 class Lazy:

@@ -57,9 +57,10 @@ def test_greedy_equals_transformers_greedy(checkpoint):
     use_cache = hf_model.config.num_decoder_layers <= hf_model.config.num_layers
     with torch.no_grad():
         want = hf_model.generate(input_ids=torch.tensor(src), attention_mask=torch.tensor(mask),
-                                 max_new_tokens=12, do_sample=False, num_beams=1,
+                                 max_new_tokens=8, do_sample=False, num_beams=1,
                                  decoder_start_token_id=0, use_cache=use_cache).numpy()
-    got = ours.generate(src, attention_mask=mask, max_new_tokens=12)
+    # 8 new tokens, as every test below generates: the same compiled program as theirs
+    got = ours.generate(src, attention_mask=mask, max_new_tokens=8)
     assert len(set(want[:, 1:].ravel())) >= 3, "the oracle output is too trivial to compare"
     np.testing.assert_array_equal(got[:, :want.shape[1]], want)
     assert np.all(got[:, want.shape[1]:] == 0)

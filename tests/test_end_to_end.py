@@ -5,6 +5,7 @@ tests/test_tfds_datasets.py)."""
 import dataclasses
 import json
 import pathlib
+import shutil
 
 import pytest
 
@@ -38,15 +39,24 @@ def tiny_config(files, steps):
     return c
 
 
+@pytest.fixture(scope="module")
+def trained(files, tmp_path_factory):
+    """tiny_config's run trained 6 steps (checkpoints 3 and 6): the first test below resumes
+    a copy of it, the last one is refused on another copy."""
+    workdir = tmp_path_factory.mktemp("trained") / "run"
+    loop.train(tiny_config(files, 6), workdir, print_fn=lambda *_: None)
+    return workdir
+
+
 def logged_steps(workdir):
     rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     return [r["step"] for r in rows if r["split"] == "train"]
 
 
-def test_train_resume_evaluate_and_restore_under_another_layout(files, tmp_path):
+def test_train_resume_evaluate_and_restore_under_another_layout(files, trained, tmp_path):
+    assert logged_steps(trained) == [3, 6]
+    shutil.copytree(trained, tmp_path, dirs_exist_ok=True)
     lines = []
-    loop.train(tiny_config(files, 6), tmp_path, print_fn=lines.append)
-    assert logged_steps(tmp_path) == [3, 6]
     # resumed on another mesh (batch over data:2 x expert:2 = 4 batch shards, not 8): the
     # run's 8 input shards go on, and step 9 reads the batch the first mesh would have read
     moved = tiny_config(files, 9)
@@ -126,8 +136,8 @@ def test_moe_flags_that_a_dense_checkpoint_cannot_take_are_refused(files, tmp_pa
         loop.train(c, tmp_path / "run", print_fn=lambda *_: None)
 
 
-def test_a_workdir_of_another_model_is_refused_untouched(files, tmp_path):
-    loop.train(tiny_config(files, 3), tmp_path, print_fn=lambda *_: None)
+def test_a_workdir_of_another_model_is_refused_untouched(files, trained, tmp_path):
+    shutil.copytree(trained, tmp_path, dirs_exist_ok=True)
     before = {p: p.stat().st_mtime_ns for p in pathlib.Path(tmp_path).rglob("*") if p.is_file()}
     other = tiny_config(files, 3)
     other.model = "switch_c_tiny"

@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+from conftest import built_once
 from test_reliability import ENV, ROOT, command, committed, steps_logged
 
 WAIT = 300          # seconds: only against a hang, never a measure of speed
@@ -75,10 +76,12 @@ def snapshot(workdir) -> dict:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One tiny run trained to step 4 (checkpoints 2 and 4), copied or mounted by each test."""
-    workdir = tmp_path_factory.mktemp("faults") / "run"
-    run(command(workdir, 4, 2), 0)
-    return workdir
+    """One tiny run trained to step 4 (checkpoints 2 and 4), copied or mounted by each test;
+    trained once per session, whichever xdist workers run these tests (conftest.built_once)."""
+    def train(folder):
+        run(command(folder / "run", 4, 2), 0)
+        return folder / "run"
+    return built_once(tmp_path_factory, "faults", train)
 
 
 def copy_of(trained, where):

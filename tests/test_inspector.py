@@ -2,7 +2,6 @@
 import functools
 import json
 import math
-import os
 import pathlib
 import subprocess
 import sys
@@ -67,25 +66,29 @@ def test_pure_data_parallel_has_no_all_to_all_and_replicates_every_weight():
     assert report["params_bytes_per_device_max"] == report["params_bytes_total"]
 
 
-def test_command_line_json_table_and_figure(tmp_path):
-    env = dict(os.environ, XLA_FLAGS=f"{FAST_COMPILE} --xla_force_host_platform_device_count=8")
-    base = [sys.executable, "-m", "switchzoo.layout", "--model", "switch_tiny",
-            "--mesh", "data:2,model:2,expert:2", "--layout", "dp_mp_ep"]
+def test_command_line_json_table_and_figure(tmp_path, capfd):
+    """The command line's own work (its flags, --json, --figure, one-line errors) through
+    inspector.main, which ``python -m switchzoo.layout`` runs (that module's start in a fresh
+    process: test_devices_flag_reruns_on_that_many_simulated_devices). The step it compiles is
+    the dp_mp_ep one above (the same batch and length: read back from the compilation cache)."""
+    base = ["--model", "switch_tiny", "--mesh", "data:2,model:2,expert:2", "--layout", "dp_mp_ep"]
     figure = tmp_path / "wi.png"
-    out = subprocess.run(base + ["--json", "--figure", str(figure), "--tensor", "decoder/layers/1/ffn/wi"],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
+    capfd.readouterr()
+    code = inspector.main(base + ["--batch", "8", "--length", "32", "--json", "--figure",
+                                  str(figure), "--tensor", "decoder/layers/1/ffn/wi"])
+    out = capfd.readouterr()
+    assert code == 0, out.err
+    report = json.loads(out.out)
     assert set(report) >= {"devices", "mesh", "layout", "params_bytes_total",
                            "params_bytes_per_device_max", "opt_bytes_per_device_max",
                            "tensors", "collectives"}
     assert report["devices"] == 8 and report["collectives"]["all-to-all"] > 0
     assert figure.stat().st_size > 1000
-    bad = subprocess.run(base[:-2] + ["--layout", "batch:data,experts:exprt", "--no-compile"],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert bad.returncode == 2
-    assert bad.stderr.strip().count("\n") == 0 and "did you mean 'expert'" in bad.stderr
-    assert "Traceback" not in bad.stderr
+    code = inspector.main(base[:-2] + ["--layout", "batch:data,experts:exprt", "--no-compile"])
+    bad = capfd.readouterr()
+    assert code == 2 and not bad.out
+    assert bad.err.strip().count("\n") == 0 and "did you mean 'expert'" in bad.err
+    assert "Traceback" not in bad.err
 
 
 def test_encoder_decoder_models_inspect_and_their_dispatch_is_all_to_all():

@@ -95,11 +95,13 @@ def test_a_wheel_installed_elsewhere_has_the_catalogue_and_trains(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "resuming at step 1" in out.stdout
     assert (tmp_path / "run" / "checkpoints" / "2").is_dir()
-    # The layout search from the wheel, its config and hardware profile read from the package.
+    # The layout search from the wheel, its config and hardware profile read from the package
+    # (at its default scanned layers and remat: of the step compiles it could make, the
+    # quickest).
     out = subprocess.run([str(python), "-m", "switchzoo.layout", "search", "--model",
                           "switch_tiny", "--devices", "2", "--hardware", "h100", "--config",
-                          "configs/lm1b.py", "--length", "16", "--batch", "2", "--top", "1",
-                          "--no-scan", "--remat", "none"], cwd=elsewhere, capture_output=True,
+                          "configs/lm1b.py", "--length", "16", "--batch", "2", "--top", "1"],
+                         cwd=elsewhere, capture_output=True,
                          text=True, env={**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE,
                                          "SWITCHZOO_CACHE": str(tmp_path / "cache")})
     assert out.returncode == 0, out.stderr[-3000:]
