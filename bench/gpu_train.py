@@ -171,8 +171,8 @@ def switch_base_8(rec, z, args):
     c4_gpu.py pre-train it (the catalogue's fine-tuning dropout 0.1 keeps attention on the
     reference einsums: the first H100 run measured that, 16% of the matmul rate): without
     remat and under "minimal" (c4_gpu.py's: one cuDNN forward per layer, its outputs kept),
-    "full" only where neither fits (--smoke: none alone); then without remat with AdamW's
-    moments in bfloat16."""
+    "full" only where neither fits; then without remat with AdamW's moments in bfloat16
+    (--smoke: without remat alone)."""
     from switchzoo import zoo
     b = z.base
     cfg = replace(zoo.get("switch_base_8"), dtype="bfloat16", scan_layers=not args.no_scan,
@@ -192,7 +192,7 @@ def switch_base_8(rec, z, args):
             rec["fits_without_remat"] = "step_s" in rec[f"remat_{remat}"]
         if "step_s" in rec[f"remat_{remat}"] and (remat == "minimal" or args.smoke):
             break     # --smoke: "minimal" is the same code on another config (train_dense's)
-    if "step_s" in rec["remat_none"]:
+    if "step_s" in rec["remat_none"] and not args.smoke:   # --smoke: the same code again
         rec.part("remat_none_adamw_bf16_moments", lambda: measure_step(
-            cfg, b.batch, b.length, b.repeats, args.loss_chunk, xla_flops=False,
+            cfg, b.batch, b.length, b.repeats, args.loss_chunk, xla_flops=not args.no_xla_flops,
             record=partial(rec, "remat_none_adamw_bf16_moments"), moments="bfloat16"))

@@ -36,7 +36,7 @@ def test_peer_bench_compares_the_same_computation(result):
     assert check["same_parameter_count"] and check["greedy_tokens_equal"]
     ce = check["first_step_cross_entropy"]
     assert abs(ce["switchzoo"] - ce["transformers"]) < 1e-3
-    for name, goal in (("train", 1.5), ("decode", 3.0)):
+    for name, goal in (("train", 1.2), ("decode", 3.0)):      # issue 67's goals
         ratio = result["goals"][f"{name}_tokens_per_s_over_transformers"]
         assert ratio["value"] > 0 and math.isfinite(ratio["value"])
         assert ratio["goal"] == f">= {goal}" and ratio["met"] == (ratio["value"] >= goal)
@@ -73,7 +73,7 @@ def test_series_medians_and_report(peer, result):
     assert by["1"]["train_tokens_per_s_over_transformers"]["median"] == 0.72
     goals = peer_series.goals(by)
     assert goals["train_tokens_per_s_over_transformers_2_threads_median"] == {
-        "value": 0.9, "goal": ">= 1.5", "met": False}
+        "value": 0.9, "goal": ">= 1.2", "met": False}
     series = {"config": result["config"], "runs": runs, "by_threads": by, "env": {},
               "source": {"commit": "abcdef0123", "tree_clean": True}}
     table = "\n".join(report.peer_section(series, None))
