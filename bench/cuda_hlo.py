@@ -40,20 +40,21 @@ def as_on_a_gpu():
     """Trace as a GPU run would: cuDNN's version probe answered (9.10), attention's cuDNN
     checks passed (attention_impl: cuDNN asked for by name serves), the relative-position
     table's diagonal gradient (relpos), the experts on capacity slots (moe.KEPT_ONLY: the CPU's
-    kept-only loop is not a GPU's). Restored on exit."""
+    kept-only loop is not a GPU's), dropless without the CPU's per-expert branches
+    (dropless.EACH_EXPERT). Restored on exit."""
     from jax._src.cudnn import fused_attention_stablehlo as fa
 
-    from switchzoo import attention_impl, moe, relpos
+    from switchzoo import attention_impl, dropless, moe, relpos
     saved = (fa.check_cudnn_version, attention_impl._cudnn_refusal, relpos.DIAGONAL_GRADIENT,
-             moe.KEPT_ONLY)
+             moe.KEPT_ONLY, dropless.EACH_EXPERT)
     fa.check_cudnn_version = lambda: 91000
     attention_impl._cudnn_refusal = lambda cfg, backend: ""
-    relpos.DIAGONAL_GRADIENT, moe.KEPT_ONLY = True, False
+    relpos.DIAGONAL_GRADIENT, moe.KEPT_ONLY, dropless.EACH_EXPERT = True, False, False
     try:
         yield
     finally:
         (fa.check_cudnn_version, attention_impl._cudnn_refusal, relpos.DIAGONAL_GRADIENT,
-         moe.KEPT_ONLY) = saved
+         moe.KEPT_ONLY, dropless.EACH_EXPERT) = saved
 
 
 def batch_fields(batch: int, length: int, packed: bool = False, lengths: bool = False,

@@ -68,14 +68,21 @@ def resolve(name: str, stats: dict, ops: dict, spelled: dict) -> tuple[str | Non
     return None, "kernel name"
 
 
+# XLA:CPU traces a loop or branch as an event spanning its body's ops, which are traced too
+CONTAINERS = ("while", "conditional", "call")
+
+
 def attribute(path: str, ops: dict, steps: int, wall_ms: float) -> dict:
     spelled = {re.sub(r"[.\-]", "_", op): op for op in ops}
     totals, count = collections.Counter(), collections.Counter()
     kernels, how = collections.Counter(), collections.Counter()
-    sample = []
+    containers, sample = collections.Counter(), []
     for name, ns, stats in device_events(path):
         ms = ns / 1e6 / steps
         op, found = resolve(name, stats, ops, spelled)
+        if (ops.get(op) or ("",))[0] in CONTAINERS:   # its body's ops are events of their own
+            containers[name] += ms
+            continue
         phase, part, kind = op_kinds.classify(op or name, ops.get(op))
         for lib_kind, pattern in LIBRARY:            # cuBLAS, Triton GEMMs, cuDNN attention
             if pattern.search(name):
@@ -94,6 +101,7 @@ def attribute(path: str, ops: dict, steps: int, wall_ms: float) -> dict:
         top_kernels=[{"kernel": k, "op_name": o, "ms": round(v, 3)}
                      for (k, o), v in kernels.most_common(30)],
         attributed_by={k: round(v / device_ms, 3) for k, v in how.most_common()},
+        containers_ms=round(sum(containers.values()), 1),
         stat_sample=sample)
     return summary
 

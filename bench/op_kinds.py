@@ -15,9 +15,21 @@ RUNTIME = ("ThreadpoolListener", "ThunkExecutor", "end:", "SlinkyThreadPool")
 def hlo_ops(hlo_text: str) -> dict:
     """{instruction name: (opcode, op_name, is_matmul)} of a compiled module's text."""
     ops = {}
-    for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = (?:\([^=]*?\)|\S+) ([\w\-]+)\((.*)$",
-                         hlo_text, re.M):
-        name, opcode, rest = m.groups()
+    for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$", hlo_text, re.M):
+        name, rest = m.groups()
+        if rest.startswith("("):          # a tuple shape: skip to its closing parenthesis
+            depth = 0
+            for i, c in enumerate(rest):
+                depth += (c == "(") - (c == ")")
+                if depth == 0:
+                    break
+            rest = rest[i + 1:]
+        else:                             # an array shape has no spaces
+            rest = rest.split(" ", 1)[-1]
+        op = re.match(r"\s*([\w\-]+)\((.*)$", rest)
+        if not op:
+            continue
+        opcode, rest = op.groups()
         meta = re.search(r'op_name="([^"]*)"', rest)
         matmul = opcode in ("dot", "convolution") or any(
             lib in rest for lib in ("__ynn_fusion", "__onednn", "__xnn",          # XLA:CPU

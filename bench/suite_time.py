@@ -134,6 +134,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="suite-time-") as tmp:
         clone = Path(tmp) / "clone"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        if (ROOT.parent / "shared").is_dir():       # CI's layout: ../shared beside the clone
+            (Path(tmp) / "shared").symlink_to(ROOT.parent / "shared")
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, check=True,
                                 capture_output=True, text=True).stdout.strip()
         run = run_suite(clone, args.tests, args.workers, Path(tmp) / "rows")

@@ -1,10 +1,11 @@
 """Dropless experts: sort the (token, pick) assignments by expert, run every expert on exactly
 its tokens, un-sort. No capacity, so no token is dropped and no slot is padding.
 
-The grouped computation is either ``lax.ragged_dot`` (efficient where the backend has a
-grouped-matmul kernel) or a block-sparse matmul (MegaBlocks-style): each expert's rows are
-padded to a multiple of ``block`` rows and a loop runs one [block, D] x [D, F] matmul per
-non-empty block, so the work is the real tokens plus at most ``block - 1`` rows per expert.
+The grouped computation is ``lax.ragged_dot`` (efficient where the backend has a
+grouped-matmul kernel), a block-sparse matmul (switchzoo/grouped.py, MegaBlocks-style): each
+expert's rows are padded to a multiple of ``block`` rows and a loop runs one [block, D] x
+[D, F] matmul per non-empty block, so the work is the real tokens plus at most ``block - 1``
+rows per expert; or, for a few rows on a CPU, a branch per expert (grouped.each_expert).
 On CPU (and on GPU without a grouped-GEMM lowering) ``ragged_dot`` computes every group
 against every row (E times the work); the block loop does not. "auto" tells the two apart by
 the compiled FLOPs of a ragged_dot of the layer's shape (``resolve``).
@@ -31,12 +32,16 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from switchzoo import permute
+from switchzoo.grouped import block_matmul, each_expert
 from switchzoo.layers import dropout, mlp
 from switchzoo.layout import Layout, LayoutError, spec_axes
 
 
 # "auto" takes ragged_dot when its compiled FLOPs are within this factor of the real ones.
 RAGGED_DOT_SLACK = 1.5
+# "auto" takes each_expert for at most this many assignments and experts (decoding's), where
+# EACH_EXPERT allows: None, on a CPU (measured there); bench/cuda_hlo.py sets False.
+EACH_EXPERT_ROWS, EACH_EXPERT_MAX, EACH_EXPERT = 128, 32, None
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,61 +153,6 @@ def _agreed(choice: str, shape: tuple) -> str:
     return _AGREED[shape]
 
 
-# ------------------------------------------------------------- block-sparse grouped matmul
-
-def _dot(a, b, contract: tuple[int, int]):
-    """A plain 2-D matmul contracting dim contract[0] of ``a`` with dim contract[1] of ``b``,
-    accumulated in float32."""
-    return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
-                               preferred_element_type=jnp.float32)
-
-
-def _block_loop(x, w, block_expert, num_blocks, block: int, transpose: bool):
-    """out[rows of block j] = x[rows of block j] . w[block_expert[j]] (its transpose if asked),
-    x [rows, in], w [experts, in, out], for the first num_blocks blocks (a loop with a traced
-    trip count, so empty blocks cost nothing); zero elsewhere."""
-    width = w.shape[1] if transpose else w.shape[2]
-
-    def body(j, out):
-        x_blk = jax.lax.dynamic_slice_in_dim(x, j * block, block, 0)
-        w_j = jax.lax.dynamic_index_in_dim(w, block_expert[j], 0, keepdims=False)
-        y = _dot(x_blk, w_j, (1, 1) if transpose else (1, 0))
-        return jax.lax.dynamic_update_slice_in_dim(out, y.astype(out.dtype), j * block, 0)
-
-    return jax.lax.fori_loop(0, num_blocks, body, jnp.zeros((x.shape[0], width), x.dtype))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def block_matmul(x, w_EDF, block_expert, num_blocks, block: int):
-    """x [rows, D] x w [E, D, F] -> [rows, F], block j of ``block`` rows using expert
-    block_expert[j]."""
-    return _block_loop(x, w_EDF, block_expert, num_blocks, block, transpose=False)
-
-
-def _block_matmul_fwd(x, w_EDF, block_expert, num_blocks, block):
-    return block_matmul(x, w_EDF, block_expert, num_blocks, block), (x, w_EDF, block_expert,
-                                                                     num_blocks)
-
-
-def _block_matmul_bwd(block, res, g):
-    x, w_EDF, block_expert, num_blocks = res
-    dx = _block_loop(g, w_EDF, block_expert, num_blocks, block, transpose=True)
-
-    def body(j, dw_EDF):
-        x_blk = jax.lax.dynamic_slice_in_dim(x, j * block, block, 0)
-        g_blk = jax.lax.dynamic_slice_in_dim(g, j * block, block, 0)
-        e = block_expert[j]
-        dw_DF = _dot(x_blk, g_blk, (0, 0))
-        old = jax.lax.dynamic_index_in_dim(dw_EDF, e, 0, keepdims=True)
-        return jax.lax.dynamic_update_index_in_dim(dw_EDF, old + dw_DF[None].astype(old.dtype),
-                                                   e, 0)
-
-    dw_EDF = jax.lax.fori_loop(0, num_blocks, body, jnp.zeros_like(w_EDF))
-    return dx, dw_EDF, None, None
-
-
-block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
-
 
 # -------------------------------------------------------------------- experts on sorted rows
 
@@ -214,6 +164,9 @@ def run_experts(x_AD, expert_A, w: dict, impl: str = "blocks", block: int = 128,
     E = w["wo"].shape[0]
     A, D = x_AD.shape
     first = w["wi" if "wi" in w else "wi_0"]
+    if impl == "auto" and A <= EACH_EXPERT_ROWS and E <= EACH_EXPERT_MAX and (
+            _backend() == "cpu" if EACH_EXPERT is None else EACH_EXPERT):
+        return each_expert(x_AD, expert_A, w, dropout_fn)
     impl = resolve(impl, A, D, first.shape[-1], E, x_AD.dtype)
     order_A = jnp.argsort(expert_A, stable=True)
     expert_sorted_A = expert_A[order_A]

@@ -275,8 +275,12 @@ class _Head(nnx.Module):
                                                ("d_model", "vocab"))
 
     @jax.named_scope("logits")
-    def _logits(self, x_BLD):
-        if self.cfg.tie_embeddings:
+    def _logits(self, x_BLD, head_DV=None):
+        if head_DV is not None:         # decoding: the output layer as head_DV() gave it
+            scale = self.cfg.d_model ** -0.5 if self.cfg.tie_embeddings else 1.0
+            logits_BLV = jnp.einsum("BLD,DV->BLV", x_BLD * scale, head_DV.astype(x_BLD.dtype))
+            logits_BLV = constrain(logits_BLV, ("batch", "length", "vocab"))
+        elif self.cfg.tie_embeddings:
             logits_BLV = self.embed.attend(x_BLD * self.cfg.d_model ** -0.5)
         else:
             logits_BLV = jnp.einsum("BLD,DV->BLV", x_BLD, self.lm_head[...].astype(x_BLD.dtype))
@@ -292,9 +296,20 @@ class _Head(nnx.Module):
             return x_BLD * self.cfg.d_model ** -0.5, self.embed.embedding[...]
         return x_BLD, self.lm_head[...].T
 
-    def decode(self, ids_BT, cache: dict, index, segments_BT=None, enc_segments_BS=None):
+    def head_DV(self):
+        """The output layer as [d_model, vocab], for a decoding loop to take once before it
+        and pass to every ``decode``: a few rows against the tied embedding read as stored,
+        [V, D], make XLA:CPU's matmul repack it at every step (13% of a greedy step at the
+        peer config, docs/benchmarks.md), so it is transposed once, here. Untied: lm_head."""
+        if self.cfg.tie_embeddings:
+            return jax.lax.optimization_barrier(self.embed.embedding[...].T)
+        return self.lm_head[...]
+
+    def decode(self, ids_BT, cache: dict, index, segments_BT=None, enc_segments_BS=None,
+               head_DV=None):
         """Logits of the next tokens given the cache; returns (logits [B, T, V], cache).
-        The tokens sit at positions index .. index+T-1."""
+        The tokens sit at positions index .. index+T-1. ``head_DV``: the output layer as
+        ``head_DV()`` gives it (a loop takes it once), else the model's own."""
         B, T = ids_BT.shape
         positions_BT = jnp.broadcast_to(index + jnp.arange(T), (B, T))
         if segments_BT is None:
@@ -302,7 +317,7 @@ class _Head(nnx.Module):
         x_BTD = self.embed(ids_BT, jnp.dtype(self.cfg.dtype))
         x_BTD, _, cache = self.decoder(x_BTD, positions_BT, segments_BT,
                                        enc_segments_BS=enc_segments_BS, cache=cache, index=index)
-        return self._logits(x_BTD), cache
+        return self._logits(x_BTD, head_DV), cache
 
 
 class DecoderLM(_Head):

@@ -97,7 +97,16 @@ def test_step_profile_attributes_every_op(peer):
         assert abs(sum(row["ms"] for row in side["rows"]) - side["ops_ms"]) < 0.1 + 0.01 * len(
             side["rows"])
     assert {"matmul", "optimizer"} <= {row["kind"] for row in theirs["rows"]}
+    # One thread runs the ops one after another: a loop's or branch's own event, which spans
+    # its body's (traced too), is not counted again, so the ops fit in the step.
+    assert ours["containers_ms"] > 0 and ours["ops_ms"] <= 1.05 * ours["step_ms"] + 0.5
     assert "| **step** |" in r["table"]
+    hlo = ("  %while.2 = (s32[], f32[2]{0}, /*index=2*/f32[3]) while(%t), condition=%c, body=%b\n"
+           "  %cond.1 = (f32[2]) conditional(%p, %x), branch_computations={%a, %b}\n"
+           '  ROOT %fusion.3 = bf16[8]{0:T(8)} fusion(%x), metadata={op_name="jit(f)/add"}\n')
+    assert op_kinds.hlo_ops(hlo) == {"while.2": ("while", "", False),
+                                     "cond.1": ("conditional", "", False),
+                                     "fusion.3": ("fusion", "jit(f)/add", False)}
     assert op_kinds.classify("x", ("fusion", "jit(f)/transpose(jvp(experts))/dot", True)) \
         == ("backward", "experts", "matmul")
     assert op_kinds.classify("copy.3", ("copy", "jit(f)/jvp(attention)/t", False)) \

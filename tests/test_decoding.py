@@ -149,3 +149,39 @@ def test_beam_search_equals_an_exhaustive_search_on_a_tiny_vocabulary():
     got = model.generate(src, attention_mask=mask, max_new_tokens=T, num_beams=64,
                          length_penalty=alpha, eos_token_id=eos)
     np.testing.assert_array_equal(got[:, 1:], np.array(best))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_decoding_head_gives_the_models_own_logits(tied):
+    """A decoding loop takes the output layer once as [d_model, vocab] (head_DV) and passes
+    it to every step: the same logits as the model's own output layer, tied or not."""
+    import jax
+    import jax.numpy as jnp
+    cfg = zoo.get("switch_tiny").replace(num_layers=2, tie_embeddings=tied)
+    model = switchzoo.init(cfg, seed=4).module()
+    ids = jnp.asarray(np.random.default_rng(3).integers(1, 256, (2, 3)), jnp.int32)
+
+    @jax.jit
+    def both(ids):
+        cache = model.init_cache(2, 4)
+        own, _ = model.decode(ids, cache, 0)
+        given, _ = model.decode(ids, cache, 0, head_DV=model.head_DV())
+        return own, given
+    own, given = both(ids)
+    np.testing.assert_allclose(given, own, rtol=1e-5, atol=1e-5)
+    assert float(jnp.std(own)) > 0.1
+
+
+def test_first_max_is_argmax():
+    """Greedy's token: jnp.argmax's answer (the first of tied maxima, the first NaN, a row of
+    -inf's first index), by two plain reductions."""
+    import jax.numpy as jnp
+    from switchzoo.decoding import first_max
+    x = np.random.default_rng(0).normal(size=(6, 50)).astype(np.float32)
+    x[1, [3, 17, 40]] = 9.0
+    x[2, [5, 30]] = np.nan
+    x[3] = -np.inf
+    x[4, 0] = x[4, 49] = 7.0
+    x[5, 12] = np.inf
+    np.testing.assert_array_equal(first_max(jnp.asarray(x)), np.argmax(x, -1))
+    np.testing.assert_array_equal(first_max(jnp.asarray(x)), jnp.argmax(jnp.asarray(x), -1))

@@ -9,7 +9,7 @@ from flax import nnx
 
 from switchzoo import layout as L
 from switchzoo.config import MoeConfig
-from switchzoo.dropless import block_matmul
+from switchzoo.grouped import block_matmul
 from switchzoo.inspector import count_collectives
 from switchzoo.moe import SwitchFFN
 from tests.test_moe import oracle, run     # run: the layer compiled, not op by op
@@ -163,9 +163,31 @@ def test_generation_and_run_config_select_dropless():
     assert state.run_model_config(config, 4000).moe.dispatch == "dropless"
 
 
-def test_auto_dispatch_is_dropless_only_where_nothing_can_drop():
+@pytest.mark.parametrize("top_k, activation", [(1, "relu"), (2, "gated-gelu")])
+def test_each_expert_equals_the_block_loop_for_a_few_rows(top_k, activation, monkeypatch):
+    """"auto" on one CPU with a few assignments (cached decoding's) runs each expert that has
+    any over all of them, masked: the block loop's outputs and gradients, with no loop in the
+    program; past EACH_EXPERT_ROWS assignments, the block loop."""
+    from switchzoo import dropless
+    _, blocks = pair(top_k, activation)
+    _, auto = pair(top_k, activation, impl="auto")
+    x = jax.random.normal(jax.random.key(5), (4, 8, D))
+    valid = jnp.ones((4, 8), bool).at[2, 3:].set(False)
+    assert_same(loss_and_grads(blocks, x, valid), loss_and_grads(auto, x, valid))
+
+    def hlo(ffn):
+        graphdef, state = nnx.split(ffn)
+        return jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[0]).lower(state, x).as_text()
+    assert "while" in hlo(blocks) and "while" not in hlo(auto)
+    monkeypatch.setattr(dropless, "EACH_EXPERT_ROWS", 4 * 8 * top_k - 1)
+    assert "while" in hlo(auto)
+
+
+def test_auto_dispatch_is_dropless_only_where_nothing_can_drop(monkeypatch):
     """"auto" with room for a group's every token computes the einsum dispatch's sum
     (dropless); with less room, it drops the tokens the per-token oracle drops (einsum)."""
+    from switchzoo import dropless
+    monkeypatch.setattr(dropless, "EACH_EXPERT", False)     # the block loop: a while
     einsum, _ = pair(group_size=8)
     x = jax.random.normal(jax.random.key(4), (4, 8, D))
 
@@ -198,6 +220,7 @@ def test_auto_grouped_matmul_is_picked_by_the_compiled_flops(monkeypatch):
     backend that compiles it to the real tokens' FLOPs gets ragged_dot."""
     from switchzoo import dropless
     assert jax.default_backend() == "cpu"
+    monkeypatch.setattr(dropless, "EACH_EXPERT", False)     # not each_expert's few rows
     ratio = dropless.ragged_dot_cost(64, D, F, E)
     assert E * 0.9 < ratio < E * 1.2, ratio
     assert dropless.resolve("auto", 64, D, F, E) == "blocks"
