@@ -114,3 +114,17 @@ def test_step_profile_attributes_every_op(peer):
     assert op_kinds.classify("copy_bitcast_fusion.2", ("fusion", "state.params['q']",
                                                            False))[:2] == ("forward",
                                                                            "weight layout")
+
+
+def test_cpu_micro_times_each_pair_on_the_peer_sizes(peer):
+    """bench/cpu_micro.py at toy size: each pair of ways is timed, first_max agrees with
+    argmax (checked inside), AdamW runs over the peer model's weight shapes."""
+    import cpu_micro
+    r = cpu_micro.main(["--threads", "1", "--vocab", "64", "--d-model", "16", "--d-ff", "32",
+                        "--d-kv", "8", "--heads", "2", "--layers", "2", "--experts", "4"])
+    shapes = cpu_micro.peer_shapes(peer.build_parser().parse_args(TINY))
+    assert r["adamw"]["parameters"] == sum(math.prod(s) for s in shapes)
+    assert r["greedy_token"]["shape"] == [8, 64]
+    for value in (*r["greedy_token"].values(), *r["adamw"].values(),
+                  *r["qkv_in_a_decoding_loop"].values()):
+        assert not isinstance(value, float) or value > 0
