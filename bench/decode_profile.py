@@ -43,8 +43,6 @@ def profile(pair, args, trace_dir: str) -> dict:
     with layout_lib.use(ours.layout):
         text = decoding.sample.lower(ours.graphdef, ours.params, src, seg, jax.random.key(0),
                                      **kw).compile().as_text()
-    if os.environ.get("SWITCHZOO_HLO_OUT"):
-        open(os.environ["SWITCHZOO_HLO_OUT"], "w").write(text)
     ops = hlo_ops(text)
 
     def call():

@@ -5,6 +5,7 @@ kind (matmul, copy/layout, elementwise/reduce), read from the compiled module's 
 from __future__ import annotations
 
 import collections
+import os
 import re
 
 PARTS = ("attention", "relpos_bias", "masks", "norm", "mlp", "routing", "dispatch", "experts",
@@ -13,7 +14,11 @@ RUNTIME = ("ThreadpoolListener", "ThunkExecutor", "end:", "SlinkyThreadPool")
 
 
 def hlo_ops(hlo_text: str) -> dict:
-    """{instruction name: (opcode, op_name, is_matmul)} of a compiled module's text."""
+    """{instruction name: (opcode, op_name, is_matmul)} of a compiled module's text (kept in
+    the file $SWITCHZOO_HLO_OUT names, where set, to read the ops a profile lists)."""
+    if os.environ.get("SWITCHZOO_HLO_OUT"):
+        with open(os.environ["SWITCHZOO_HLO_OUT"], "w") as f:
+            f.write(hlo_text)
     ops = {}
     for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$", hlo_text, re.M):
         name, rest = m.groups()

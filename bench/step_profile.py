@@ -48,8 +48,6 @@ def build_parser():
 def profile_ours(step, steps: int, trace_dir: str) -> dict:
     import jax
     text = step.compiled().as_text()
-    if os.environ.get("SWITCHZOO_HLO_OUT"):
-        open(os.environ["SWITCHZOO_HLO_OUT"], "w").write(text)
     ops = hlo_ops(text)
     for _ in range(3):
         step()

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from switchzoo import permute
-from switchzoo.grouped import block_matmul, each_expert
+from switchzoo import grouped, permute
+from switchzoo.grouped import block_matmul
 from switchzoo.layers import dropout, mlp
 from switchzoo.layout import Layout, LayoutError, spec_axes
 
@@ -164,19 +164,19 @@ def run_experts(x_AD, expert_A, w: dict, impl: str = "blocks", block: int = 128,
     E = w["wo"].shape[0]
     A, D = x_AD.shape
     first = w["wi" if "wi" in w else "wi_0"]
-    if impl == "auto" and A <= EACH_EXPERT_ROWS and E <= EACH_EXPERT_MAX and (
-            _backend() == "cpu" if EACH_EXPERT is None else EACH_EXPERT):
-        return each_expert(x_AD, expert_A, w, dropout_fn)
+    if (impl == "auto" and A <= EACH_EXPERT_ROWS and E <= EACH_EXPERT_MAX
+            and grouped.on_cpu_unless(EACH_EXPERT)):
+        return grouped.each_expert(x_AD, expert_A, w, dropout_fn)
     impl = resolve(impl, A, D, first.shape[-1], E, x_AD.dtype)
     order_A = jnp.argsort(expert_A, stable=True)
     expert_sorted_A = expert_A[order_A]
     counts_E = jnp.bincount(jnp.minimum(expert_A, E), length=E + 1)[:E].astype(jnp.int32)
     sorted_A = permute.inverse_of(order_A, A)          # each assignment's sorted position
     if impl == "ragged_dot":
-        def grouped(x, weight):
+        def matmul(x, weight):
             return jax.lax.ragged_dot(x, weight.astype(x.dtype), counts_E)
 
-        y_sorted_AD = mlp(permute.gather(x_AD, order_A, sorted_A), w, grouped,
+        y_sorted_AD = mlp(permute.gather(x_AD, order_A, sorted_A), w, matmul,
                           dropout_fn=dropout_fn)
         y_sorted_AD = jnp.where((expert_sorted_A < E)[:, None], y_sorted_AD, 0)
         return permute.gather(y_sorted_AD, sorted_A, order_A)
@@ -201,10 +201,10 @@ def run_experts(x_AD, expert_A, w: dict, impl: str = "blocks", block: int = 128,
     block_expert = jnp.minimum(jnp.searchsorted(padded_end_E, jnp.arange(rows // block) * block,
                                                 side="right"), E - 1).astype(jnp.int32)
 
-    def grouped(x, weight):
+    def matmul(x, weight):
         return block_matmul(x, weight.astype(x.dtype), block_expert, num_blocks, block)
 
-    y_padded = mlp(x_padded, w, grouped, dropout_fn=dropout_fn)
+    y_padded = mlp(x_padded, w, matmul, dropout_fn=dropout_fn)
     return permute.gather(y_padded, row_of_A, assignment_row)
 
 

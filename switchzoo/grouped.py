@@ -1,6 +1,8 @@
 """Experts' matmuls on rows grouped by expert, on one device: the block-sparse loop
 (``block_matmul``, MegaBlocks-style, with its own gradient) and, for a few rows, a branch per
-expert (``each_expert``). switchzoo/dropless.py sorts the rows and picks between them.
+expert (``each_expert``), which switchzoo/dropless.py sorts rows for and picks between; and
+the capacity dispatch's experts on the kept picks only (``kept_experts``: one loop per expert,
+each weight read once), which switchzoo/moe.py takes on a CPU.
 
 Shapes (switchzoo.dims): A rows (assignments), E experts, D and F the model and hidden
 widths; the block loop's padded rows and blocks are named, not lettered.
@@ -12,7 +14,17 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from switchzoo import permute
 from switchzoo.layers import mlp
+
+# kept_experts' rows per matmul block
+KEPT_BLOCK = 16
+
+
+def on_cpu_unless(flag: bool | None) -> bool:
+    """A CPU-measured path's switch: ``flag`` where set (bench/cuda_hlo.py sets False to trace
+    as a GPU), else whether JAX runs on a CPU."""
+    return jax.default_backend() == "cpu" if flag is None else flag
 
 def _dot(a, b, contract: tuple[int, int]):
     """A plain 2-D matmul contracting dim contract[0] of ``a`` with dim contract[1] of ``b``,
@@ -83,3 +95,85 @@ def each_expert(x_AD, expert_A, w: dict, dropout_fn=lambda h: h):
             return y_AD + jnp.where(mine_A[:, None], h_AD, 0)
         y_AD = jax.lax.cond(jnp.any(mine_A), run, lambda y_AD: y_AD, y_AD)
     return y_AD
+
+
+# ------------------------------------------------------------------ experts on the kept picks
+
+def _each_block(ids_E, n, start_E, count_E, block: int, body, init):
+    """carry = body(carry, e, w row first, end, blocks) for each of the first ``n`` experts of
+    ``ids_E`` (the non-empty ones, in increasing order): a loop over experts (traced count)."""
+    def one(i, carry):
+        e = ids_E[i]
+        return body(carry, e, start_E[e], start_E[e] + count_E[e], -(-count_E[e] // block))
+    return jax.lax.fori_loop(0, n, one, init)
+
+
+def _sorted_matmul(x, w_EDF, ids_E, n, start_E, count_E, block):
+    """Rows start_E[e] .. + count_E[e] of ``x`` (sorted by expert, ``block`` rows of slack at
+    the end) times w[e], block by block; each expert's weight is read out once. A last block
+    may run past its expert into the next one's rows, which that expert (later in the loop)
+    writes again; rows past every expert's are zero."""
+    def body(out, e, first, end, blocks):
+        w_DF = jax.lax.dynamic_index_in_dim(w_EDF, e, 0, keepdims=False)
+
+        def step(j, out):
+            y = jax.lax.dynamic_slice_in_dim(x, first + j * block, block, 0) @ w_DF
+            return jax.lax.dynamic_update_slice_in_dim(out, y, first + j * block, 0)
+        return jax.lax.fori_loop(0, blocks, step, out)
+    out = _each_block(ids_E, n, start_E, count_E, block, body,
+                      jnp.zeros((x.shape[0], w_EDF.shape[2]), x.dtype))
+    return jnp.where((jnp.arange(x.shape[0]) < jnp.sum(count_E))[:, None], out, 0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def sorted_matmul(x, w_EDF, ids_E, n, start_E, count_E, block: int):
+    """x [rows, D] sorted by expert x w [E, D, F] -> [rows, F] (``_sorted_matmul``)."""
+    return _sorted_matmul(x, w_EDF, ids_E, n, start_E, count_E, block)
+
+
+def _sorted_matmul_fwd(x, w_EDF, ids_E, n, start_E, count_E, block):
+    return (_sorted_matmul(x, w_EDF, ids_E, n, start_E, count_E, block),
+            (x, w_EDF, ids_E, n, start_E, count_E))
+
+
+def _sorted_matmul_bwd(block, res, g):
+    x, w_EDF, ids_E, n, start_E, count_E = res
+
+    def body(carry, e, first, end, blocks):
+        dx, dw_EDF = carry
+        w_DF = jax.lax.dynamic_index_in_dim(w_EDF, e, 0, keepdims=False)
+
+        def step(j, carry):
+            dx, dw_DF = carry
+            row = first + j * block
+            g_blk = jax.lax.dynamic_slice_in_dim(g, row, block, 0)
+            g_blk = jnp.where((row + jnp.arange(block) < end)[:, None], g_blk, 0)  # e's rows
+            x_blk = jax.lax.dynamic_slice_in_dim(x, row, block, 0)
+            dx = jax.lax.dynamic_update_slice_in_dim(dx, g_blk @ w_DF.T, row, 0)
+            return dx, dw_DF + jax.lax.dot_general(x_blk, g_blk, (((0,), (0,)), ((), ())))
+        dx, dw_DF = jax.lax.fori_loop(0, blocks, step, (dx, jnp.zeros_like(w_DF)))
+        return dx, jax.lax.dynamic_update_index_in_dim(dw_EDF, dw_DF, e, 0)
+    dx, dw_EDF = _each_block(ids_E, n, start_E, count_E, block, body,
+                             (jnp.zeros_like(x), jnp.zeros_like(w_EDF)))
+    return dx, dw_EDF, None, None, None, None
+
+
+sorted_matmul.defvjp(_sorted_matmul_fwd, _sorted_matmul_bwd)
+
+
+def kept_experts(x_AD, expert_A, w: dict, block: int = KEPT_BLOCK):
+    """Each assignment through its expert's MLP (layers.mlp), [A, D]: sorted by expert (ids
+    >= E, the dropped picks, last and zero), ``sorted_matmul`` per weight, un-sorted; the work
+    is the kept rows plus under ``block`` rows per expert, and no empty expert is read."""
+    E, A = w["wo"].shape[0], x_AD.shape[0]
+    order_A = jnp.argsort(expert_A, stable=True).astype(jnp.int32)
+    sorted_A = permute.inverse_of(order_A, A)             # each assignment's sorted row
+    count_E = jnp.bincount(expert_A, length=E + 1)[:E].astype(jnp.int32)
+    start_E = (jnp.cumsum(count_E) - count_E).astype(jnp.int32)
+    ids_E = jnp.argsort(count_E == 0, stable=True).astype(jnp.int32)   # non-empty first
+    n = jnp.sum(count_E > 0)
+    source_row = jnp.concatenate([order_A, jnp.full((block,), A, jnp.int32)])   # slack: zeros
+    x_rows = permute.gather(x_AD, source_row, sorted_A)
+    y_rows = mlp(x_rows, w, lambda x, w: sorted_matmul(x, w.astype(x.dtype), ids_E, n,
+                                                       start_E, count_E, block))
+    return permute.gather(y_rows, sorted_A, source_row)

@@ -8,13 +8,11 @@ laid out over a mesh axis, dispatch and combine compile to all-to-all (tokens mo
 weights stay put)."""
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from switchzoo import dropless, permute
+from switchzoo import dropless, grouped, permute
 from switchzoo.config import MoeConfig
 from switchzoo.layers import Init, Mlp, dropout, ffn_params, ffn_weights, mlp, split
 from switchzoo.layout import LayoutError, active, constrain
@@ -24,13 +22,17 @@ from switchzoo.routing import (Balance, Router, choose, experts_choose_route, po
 # The stats under which each Switch layer returns routing.Balance's fields (loss_reduction
 # "pooled"); the model's loss reduction (transformer: moe.combine_losses) takes them out of the metrics.
 BALANCE_STATS = ("balance_tokens", "balance_chosen", "balance_prob")
-# Kept-only experts (SwitchFFN._kept_or_slots): rows per matmul block, and the cost of running
-# one more expert (its weights' copy, its loop) counted in rows, when choosing them over slots.
-KEPT_BLOCK = 16
+# Kept-only experts (SwitchFFN._kept_or_slots): the cost of running one more expert (its
+# weights' copy, its loop) counted in rows, when choosing them over slots.
 KEPT_EXPERT_ROWS = 32
 # Whether the experts may run on the kept picks only: None, on a CPU (where it was measured:
 # docs/benchmarks.md, "Against transformers"); bench/cuda_hlo.py sets False to trace as a GPU.
 KEPT_ONLY: bool | None = None
+
+
+def _per_expert(x, w):
+    """Each expert's slots through its weight: x [E, G, C, in], w [E, in, out]."""
+    return jax.lax.dot_general(x, w.astype(x.dtype), (((3,), (1,)), ((0,), (0,))))
 
 
 def num_groups(batch: int, length: int, group_size: int, shards: int = 1) -> int:
@@ -132,7 +134,7 @@ class SwitchFFN(nnx.Module):
         # One CPU device, no expert dropout: the experts may compute only the kept picks
         # (measured on XLA:CPU only; elsewhere the slots, as before).
         kept_only = (index and not self.experts_choose and not exchange
-                     and (jax.default_backend() == "cpu" if KEPT_ONLY is None else KEPT_ONLY)
+                     and grouped.on_cpu_unless(KEPT_ONLY)
                      and (layout is None or layout.mesh.size == 1)
                      and (drop_rng is None or cfg.expert_dropout == 0.0))
         with jax.named_scope("routing"):
@@ -177,11 +179,8 @@ class SwitchFFN(nnx.Module):
                 x_EGCD = jax.lax.all_to_all(x_EGCD, exchange, 0, 1, tiled=True)
             x_EGCD = constrain(x_EGCD, ("experts", "groups", "expert_capacity", "d_model"))
 
-        def project(x, w):          # per expert: [E, G, C, in] x [E, in, out]
-            return jax.lax.dot_general(x, w.astype(dt), (((3,), (1,)), ((0,), (0,))))
-
         with jax.named_scope("experts"):
-            y_EGCD = mlp(x_EGCD, ffn_weights(self), project,
+            y_EGCD = mlp(x_EGCD, ffn_weights(self), _per_expert,
                          hidden=lambda h: constrain(h, ("experts", "groups", "expert_capacity",
                                                         "d_ff")),
                          dropout_fn=lambda h: dropout(h, cfg.expert_dropout, drop_rng))
@@ -218,18 +217,18 @@ class SwitchFFN(nnx.Module):
         E, P, dt = self.cfg.num_experts, r.expert_GNP.shape[-1], x_GND.dtype
         expert_A = jnp.where(r.kept_GNP, r.expert_GNP, E).reshape(-1)   # E: dropped
         count_E = jnp.bincount(expert_A, length=E + 1)[:E]
-        rows = jnp.sum(-(-count_E // KEPT_BLOCK) * KEPT_BLOCK + KEPT_EXPERT_ROWS * (count_E > 0))
+        block = grouped.KEPT_BLOCK
+        rows = jnp.sum(-(-count_E // block) * block + KEPT_EXPERT_ROWS * (count_E > 0))
         cell_GNP = jnp.where(r.kept_GNP, r.expert_GNP * C + r.slot_GNP, E * C)
         gate_GNP, w = r.gate_GNP.astype(dt), ffn_weights(self)
 
         def kept(x_GND):
             x_AD = jnp.repeat(x_GND.reshape(G * N, D), P, axis=0)      # a = n P + p
-            return kept_experts(x_AD, expert_A, w).reshape(G, N, P, D)
+            return grouped.kept_experts(x_AD, expert_A, w).reshape(G, N, P, D)
 
         def slots(x_GND):
             x_EGCD = permute.dispatch(x_GND, r.token_GEC, cell_GNP)
-            y_EGCD = mlp(x_EGCD, w, lambda x, w: jax.lax.dot_general(
-                x, w.astype(dt), (((3,), (1,)), ((0,), (0,)))))
+            y_EGCD = mlp(x_EGCD, w, _per_expert)
             return permute.combine(y_EGCD, cell_GNP, r.pick_GEC)
 
         with jax.named_scope("experts"):
@@ -288,84 +287,3 @@ def combine_losses(stacks: list[list[dict]], reduction: str = "sum") -> dict:
             out[k] = jnp.sum(out[k]) if reduction == "sum" else jnp.mean(out[k])
     return out
 
-
-# ------------------------------------------------------------------ experts on the kept picks
-
-def _each_block(ids_E, n, start_E, count_E, block: int, body, init):
-    """carry = body(carry, e, w row first, end, blocks) for each of the first ``n`` experts of
-    ``ids_E`` (the non-empty ones, in increasing order): a loop over experts (traced count)."""
-    def one(i, carry):
-        e = ids_E[i]
-        return body(carry, e, start_E[e], start_E[e] + count_E[e], -(-count_E[e] // block))
-    return jax.lax.fori_loop(0, n, one, init)
-
-
-def _sorted_matmul(x, w_EDF, ids_E, n, start_E, count_E, block):
-    """Rows start_E[e] .. + count_E[e] of ``x`` (sorted by expert, ``block`` rows of slack at
-    the end) times w[e], block by block; each expert's weight is read out once. A last block
-    may run past its expert into the next one's rows, which that expert (later in the loop)
-    writes again; rows past every expert's are zero."""
-    def body(out, e, first, end, blocks):
-        w_DF = jax.lax.dynamic_index_in_dim(w_EDF, e, 0, keepdims=False)
-
-        def step(j, out):
-            y = jax.lax.dynamic_slice_in_dim(x, first + j * block, block, 0) @ w_DF
-            return jax.lax.dynamic_update_slice_in_dim(out, y, first + j * block, 0)
-        return jax.lax.fori_loop(0, blocks, step, out)
-    out = _each_block(ids_E, n, start_E, count_E, block, body,
-                      jnp.zeros((x.shape[0], w_EDF.shape[2]), x.dtype))
-    return jnp.where((jnp.arange(x.shape[0]) < jnp.sum(count_E))[:, None], out, 0)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def sorted_matmul(x, w_EDF, ids_E, n, start_E, count_E, block: int):
-    """x [rows, D] sorted by expert x w [E, D, F] -> [rows, F] (``_sorted_matmul``)."""
-    return _sorted_matmul(x, w_EDF, ids_E, n, start_E, count_E, block)
-
-
-def _sorted_matmul_fwd(x, w_EDF, ids_E, n, start_E, count_E, block):
-    return (_sorted_matmul(x, w_EDF, ids_E, n, start_E, count_E, block),
-            (x, w_EDF, ids_E, n, start_E, count_E))
-
-
-def _sorted_matmul_bwd(block, res, g):
-    x, w_EDF, ids_E, n, start_E, count_E = res
-
-    def body(carry, e, first, end, blocks):
-        dx, dw_EDF = carry
-        w_DF = jax.lax.dynamic_index_in_dim(w_EDF, e, 0, keepdims=False)
-
-        def step(j, carry):
-            dx, dw_DF = carry
-            row = first + j * block
-            g_blk = jax.lax.dynamic_slice_in_dim(g, row, block, 0)
-            g_blk = jnp.where((row + jnp.arange(block) < end)[:, None], g_blk, 0)  # e's rows
-            x_blk = jax.lax.dynamic_slice_in_dim(x, row, block, 0)
-            dx = jax.lax.dynamic_update_slice_in_dim(dx, g_blk @ w_DF.T, row, 0)
-            return dx, dw_DF + jax.lax.dot_general(x_blk, g_blk, (((0,), (0,)), ((), ())))
-        dx, dw_DF = jax.lax.fori_loop(0, blocks, step, (dx, jnp.zeros_like(w_DF)))
-        return dx, jax.lax.dynamic_update_index_in_dim(dw_EDF, dw_DF, e, 0)
-    dx, dw_EDF = _each_block(ids_E, n, start_E, count_E, block, body,
-                             (jnp.zeros_like(x), jnp.zeros_like(w_EDF)))
-    return dx, dw_EDF, None, None, None, None
-
-
-sorted_matmul.defvjp(_sorted_matmul_fwd, _sorted_matmul_bwd)
-
-
-def kept_experts(x_AD, expert_A, w: dict, block: int = KEPT_BLOCK):
-    """Each assignment through its expert's MLP (layers.mlp), [A, D]: sorted by expert (ids
-    >= E, the dropped picks, last and zero), ``sorted_matmul`` per weight, un-sorted; the work
-    is the kept rows plus under ``block`` rows per expert, and no empty expert is read."""
-    E, A = w["wo"].shape[0], x_AD.shape[0]
-    order_A = jnp.argsort(expert_A, stable=True).astype(jnp.int32)
-    sorted_A = permute.inverse_of(order_A, A)             # each assignment's sorted row
-    count_E = jnp.bincount(expert_A, length=E + 1)[:E].astype(jnp.int32)
-    start_E = (jnp.cumsum(count_E) - count_E).astype(jnp.int32)
-    ids_E = jnp.argsort(count_E == 0, stable=True).astype(jnp.int32)   # non-empty first
-    n = jnp.sum(count_E > 0)
-    row_R = jnp.concatenate([order_A, jnp.full((block,), A, jnp.int32)])   # slack: zeros
-    x_RD = permute.gather(x_AD, row_R, sorted_A)
-    y_RD = mlp(x_RD, w, lambda x, w: sorted_matmul(x, w.astype(x.dtype), ids_E, n, start_E,
-                                                   count_E, block))
-    return permute.gather(y_RD, sorted_A, row_R)

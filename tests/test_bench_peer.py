@@ -122,8 +122,15 @@ def test_cpu_micro_times_each_pair_on_the_peer_sizes(peer):
     import cpu_micro
     r = cpu_micro.main(["--threads", "1", "--vocab", "64", "--d-model", "16", "--d-ff", "32",
                         "--d-kv", "8", "--heads", "2", "--layers", "2", "--experts", "4"])
-    shapes = cpu_micro.peer_shapes(peer.build_parser().parse_args(TINY))
-    assert r["adamw"]["parameters"] == sum(math.prod(s) for s in shapes)
+    # the weights of the transformers model at those sizes (its experts one matrix each; not
+    # its routers, relative-position tables or norms)
+    import transformers
+    args = peer.build_parser().parse_args(TINY)
+    model = transformers.SwitchTransformersForConditionalGeneration(peer.hf_config(args))
+    matrices = {id(p): p.numel() for name, p in model.named_parameters()
+                if p.ndim >= 2 and "router" not in name and "relative_attention" not in name}
+    assert r["adamw"]["parameters"] == sum(matrices.values())
+    assert r["adamw"]["leaves"] == len(cpu_micro.peer_shapes(args))
     assert r["greedy_token"]["shape"] == [8, 64]
     for value in (*r["greedy_token"].values(), *r["adamw"].values(),
                   *r["qkv_in_a_decoding_loop"].values()):

@@ -172,7 +172,7 @@ def test_router_matmul_runs_at_highest_precision():
 @pytest.mark.parametrize("case", ["top1_train_no_dropout", "top2_gelu", "top2_sum_to_one"])
 def test_one_device_kept_picks_or_slots_equal_einsum_dispatch(case, kept, monkeypatch):
     """On one device without expert dropout the index dispatch runs the experts on the kept
-    picks only (moe.kept_experts) where that is fewer rows than the capacity slots, else on
+    picks only (grouped.kept_experts) where that is fewer rows than the capacity slots, else on
     the slots: both branches give the einsum dispatch's outputs, stats and gradients."""
     from switchzoo import moe
     kw, train = {"top1_train_no_dropout": (dict(top_k=1, jitter=0.1), True),
@@ -192,7 +192,7 @@ def test_one_device_kept_picks_or_slots_equal_einsum_dispatch(case, kept, monkey
 def test_sorted_matmul_and_its_gradients_equal_a_dense_reference(block):
     """Rows sorted by expert (some experts empty, dropped rows last) times their expert's
     weight, blocks running past an expert's rows included."""
-    from switchzoo.moe import kept_experts
+    from switchzoo.grouped import kept_experts
     rng = np.random.default_rng(0)
     A, Dm, Fm, Em = 23, 8, 12, 5
     expert = jnp.asarray(rng.choice([0, 2, 2, 3, Em], A), jnp.int32)      # 1, 4 empty; 5: drop
